@@ -1,0 +1,1 @@
+"""StarPO / StarPO-S RLlib algorithms (installed as ragen_rllib.algorithms)."""

@@ -1,0 +1,1 @@
+"""LLM env runners and rollout engines (installed as ragen_rllib.env_runners)."""

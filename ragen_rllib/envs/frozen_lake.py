@@ -1,0 +1,154 @@
+"""FrozenLake (RAGEN §2.3): a random 4x4 lake with slippery ice.
+
+* Map: each tile frozen with probability ``p_frozen`` (0.8), else a hole; start and goal are
+  distinct frozen tiles drawn at random; a path from start to goal always exists (BFS check,
+  bounded rejection sampling, then a carved path as the last resort so reset never fails).
+* Dynamics (driven by the **dynamics seed**, independent per sample): the intended move happens
+  with probability 1/3, each perpendicular move with probability 1/3 (gymnasium's slippery rule).
+  Moving into the border leaves the player in place.
+* Reward 1.0 on reaching the goal, else 0. Terminated on goal or hole. Budget ``max_actions`` (10).
+* Symbols (RAGEN): ``P`` player, ``_`` frozen, ``O`` hole, ``G`` goal, ``X`` player in a hole,
+  ``√`` player on the goal.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ragen_rllib.envs.base import TextEnv
+
+ACTIONS = ("Left", "Down", "Right", "Up")
+_DELTA = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+_PERPENDICULAR = {"Left": ("Up", "Down"), "Right": ("Down", "Up"), "Up": ("Left", "Right"), "Down": ("Right", "Left")}
+SYMBOLS = {"P": "player", "_": "frozen tile", "O": "hole", "G": "goal", "X": "player fell into a hole",
+           "√": "player on the goal"}
+
+
+@dataclass(frozen=True)
+class FrozenLakeConfig:
+    """FrozenLake config."""
+
+    size: int = 4  # map side, tiles
+    p_frozen: float = 0.8  # probability a tile is frozen (else a hole)
+    is_slippery: bool = True
+    max_actions: int = 10
+    max_map_tries: int = 200  # rejection-sampling bound before carving a path
+
+    def __post_init__(self) -> None:
+        if self.size < 2:
+            raise ValueError(f"FrozenLakeConfig.size must be >= 2, got {self.size!r}")
+        if not 0.0 < self.p_frozen <= 1.0:
+            raise ValueError(f"FrozenLakeConfig.p_frozen must be in (0, 1], got {self.p_frozen!r}")
+        if self.max_actions < 1:
+            raise ValueError(f"FrozenLakeConfig.max_actions must be >= 1, got {self.max_actions!r}")
+        if self.max_map_tries < 1:
+            raise ValueError(f"FrozenLakeConfig.max_map_tries must be >= 1, got {self.max_map_tries!r}")
+
+
+def has_path(frozen: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:
+    """Return True if 4-connected frozen tiles link ``start`` to ``goal``.
+
+    Args:
+        frozen: (H, W) bool, True where the tile is frozen (start and goal count as frozen).
+    """
+    h, w = frozen.shape
+    seen, todo = {start}, deque([start])
+    while todo:
+        r, c = todo.popleft()
+        if (r, c) == goal:
+            return True
+        for dr, dc in _DELTA.values():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < h and 0 <= nc < w and frozen[nr, nc] and (nr, nc) not in seen:
+                seen.add((nr, nc))
+                todo.append((nr, nc))
+    return False
+
+
+def generate_map(rng: np.random.Generator, size: int, p_frozen: float, max_tries: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """Draw a solvable map.
+
+    Returns:
+        ``(frozen (size, size) bool, start (row, col), goal (row, col))``.
+    """
+    cells = size * size
+    for _ in range(max_tries):
+        frozen = rng.random((size, size)) < p_frozen
+        s, g = rng.choice(cells, size=2, replace=False)
+        start, goal = divmod(int(s), size), divmod(int(g), size)
+        frozen[start] = frozen[goal] = True
+        if has_path(frozen, start, goal):
+            return frozen, start, goal
+    # Last resort (very unlikely at p=0.8): carve an L-shaped path so reset never fails.
+    r, c = start
+    while (r, c) != goal:
+        r += int(np.sign(goal[0] - r)) if r != goal[0] else 0
+        c += int(np.sign(goal[1] - c)) if r == goal[0] else 0
+        frozen[r, c] = True
+    return frozen, start, goal
+
+
+class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
+    """Slippery FrozenLake on a random map; actions Left/Down/Right/Up."""
+
+    Config = FrozenLakeConfig
+    DESCRIPTION = "random 4x4 slippery lake: reach the goal, avoid holes"
+    VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "not_slippery": {"is_slippery": False}}
+
+    def _reset(self, rng: np.random.Generator) -> None:
+        cfg = self.config
+        self.frozen, self.start, self.goal = generate_map(rng, cfg.size, cfg.p_frozen, cfg.max_map_tries)
+        self.pos = self.start
+
+    @property
+    def instruction(self) -> str:
+        return ("You are solving the FrozenLake puzzle. Avoid the holes and go to the goal. "
+                "The ice is slippery: you may move in a direction you did not intend.")
+
+    @property
+    def symbol_legend(self) -> dict[str, str]:
+        return dict(SYMBOLS)
+
+    @property
+    def action_names(self) -> list[str]:
+        return list(ACTIONS)
+
+    @property
+    def in_hole(self) -> bool:
+        return not self.frozen[self.pos]
+
+    def render(self) -> str:
+        rows = []
+        for r in range(self.config.size):
+            row = []
+            for c in range(self.config.size):
+                here = (r, c) == self.pos
+                if (r, c) == self.goal:
+                    row.append("√" if here else "G")
+                elif not self.frozen[r, c]:
+                    row.append("X" if here else "O")
+                else:
+                    row.append("P" if here else "_")
+            rows.append("".join(row))
+        return "\n".join(rows)
+
+    def _step(self, action_text: str) -> tuple[float, bool, dict[str, Any]]:
+        name = next((a for a in ACTIONS if a.lower() == action_text.strip().lower()), None)
+        if name is None:
+            return 0.0, False, {"action_is_valid": False, "action_is_effective": False, "success": False}
+        if self.config.is_slippery:
+            # gymnasium's rule: intended, or one of the two perpendicular moves, each 1/3.
+            name = (name, *_PERPENDICULAR[name])[int(self._dyn_rng.integers(3))]
+        dr, dc = _DELTA[name]
+        r, c = self.pos[0] + dr, self.pos[1] + dc
+        old = self.pos
+        if 0 <= r < self.config.size and 0 <= c < self.config.size:
+            self.pos = (r, c)
+        success = self.pos == self.goal
+        terminated = success or self.in_hole
+        return (1.0 if success else 0.0), terminated, {
+            "action_is_valid": True, "action_is_effective": self.pos != old, "success": success, "moved": name}

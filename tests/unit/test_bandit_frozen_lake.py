@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragen_rllib.envs import make_env
+from ragen_rllib.envs.frozen_lake import has_path
+
+
+def test_bandit_rewards_and_success() -> None:
+    env = make_env("bandit")
+    lo, hi = [], []
+    for d in range(400):
+        env.reset(seed=0, options={"dynamics_seed": d})
+        obs, r, term, trunc, info = env.step("phoenix")  # case-insensitive
+        assert (r, term, info["success"]) == (0.1, True, False)
+        assert obs == "Phoenix: 0.1 points"
+        env.reset(seed=0, options={"dynamics_seed": d})
+        _, r, term, _, info = env.step(" Dragon ")
+        assert term and info["success"] and r in (0.0, 1.0)
+        hi.append(r)
+    assert 0.18 < np.mean(hi) < 0.32  # p = 0.25
+
+
+def test_bandit_arm_order_is_randomised_per_seed() -> None:
+    env = make_env("bandit")
+    orders = {tuple(env.action_names) for s in range(30) if env.reset(seed=s)}
+    assert orders == {("Phoenix", "Dragon"), ("Dragon", "Phoenix")}
+
+
+@pytest.mark.parametrize("variant,hi", [("test", "Librarian"), ("rev", "Phoenix"), ("train", "Engineer")])
+def test_bandit_variants(variant: str, hi: str) -> None:
+    env = make_env("bandit", variant=variant)
+    env.reset(seed=0)
+    assert env.step(hi)[4]["success"]
+
+
+def test_bandit_low_arm_reward_configurable() -> None:
+    env = make_env("bandit", lo_arm_score=0.15)
+    env.reset(seed=0)
+    assert env.step("Phoenix")[1] == 0.15
+
+
+def test_bandit_config_errors_name_field() -> None:
+    with pytest.raises(ValueError, match="hi_arm_prob"):
+        make_env("bandit", hi_arm_prob=1.5)
+    with pytest.raises(ValueError, match="hi_arm_name"):
+        make_env("bandit", hi_arm_name="phoenix")
+
+
+def test_frozen_lake_maps_always_have_a_path() -> None:
+    env = make_env("frozen_lake")
+    for seed in range(500):
+        obs, _ = env.reset(seed=seed)
+        assert env.start != env.goal
+        assert has_path(env.frozen, env.start, env.goal)
+        rows = obs.split("\n")
+        assert len(rows) == 4 and all(len(r) == 4 for r in rows)
+        assert set(obs) <= set("P_OG\n") and obs.count("P") == 1 and obs.count("G") == 1
+    holes = np.mean([_reset(s).frozen.mean() for s in range(300)])
+    assert 0.75 < holes < 0.9  # p_frozen = 0.8, start/goal forced frozen
+
+
+
+def _reset(seed: int):
+    env = make_env("frozen_lake")
+    env.reset(seed=seed)
+    return env
+
+
+def test_frozen_lake_slip_distribution() -> None:
+    """Intended move 1/3, each perpendicular 1/3, driven by the dynamics seed."""
+    counts: dict[str, int] = {}
+    for d in range(900):
+        env = make_env("frozen_lake")
+        env.reset(seed=7, options={"dynamics_seed": d})
+        env.pos = (1, 1)
+        env.frozen[:] = True
+        env.goal = (3, 3)
+        info = env.step("Right")[4]
+        counts[info["moved"]] = counts.get(info["moved"], 0) + 1
+    assert set(counts) == {"Right", "Down", "Up"}
+    assert all(250 < c < 350 for c in counts.values()), counts
+
+
+def test_frozen_lake_goal_hole_and_render_symbols() -> None:
+    env = make_env("frozen_lake", variant="not_slippery")
+    env.reset(seed=0)
+    env.frozen[:] = True
+    env.frozen[0, 1] = False
+    env.pos, env.goal = (0, 0), (1, 0)
+    obs, r, term, _, info = env.step("Right")  # into the hole
+    assert term and r == 0.0 and not info["success"] and "X" in obs
+    env.reset(seed=0)
+    env.frozen[:] = True
+    env.pos, env.goal = (0, 0), (1, 0)
+    obs, r, term, _, info = env.step("Down")
+    assert term and r == 1.0 and info["success"] and "√" in obs
+    env.reset(seed=0)
+    env.frozen[:] = True
+    env.pos, env.goal = (0, 0), (3, 3)
+    _, r, term, _, info = env.step("Up")  # border: valid, not effective
+    assert not term and r == 0.0 and info["action_is_valid"] and not info["action_is_effective"]
