@@ -232,11 +232,16 @@ class HFEngine:
         if greedy:
             return logits.argmax(dim=-1)
         probs = torch.softmax(filter_logits(logits, params.temperature, params.top_p, params.top_k), dim=-1)
+        # Inverse-CDF sampling with one uniform per row: cheaper than torch.multinomial per row,
+        # and lets each row draw from its own generator.
         if gens is None:
-            return torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
-        return torch.cat(
-            [torch.multinomial(probs[j], 1, generator=gens[row]) for j, row in enumerate(active.tolist())]
-        )
+            u = torch.rand(probs.shape[0], generator=self._generator, device=probs.device)  # (A,)
+        else:
+            u = torch.cat([torch.rand(1, generator=gens[row], device=probs.device) for row in active.tolist()])
+        cdf = probs.cumsum(dim=-1)  # (A, V)
+        # target in (0, total]: the first index with cdf >= target has probability > 0.
+        target = ((1.0 - u) * cdf[:, -1]).unsqueeze(-1)  # (A, 1)
+        return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], policy_version: int) -> None:
         """Copy the given weights into the model and set ``policy_version``.

@@ -1,6 +1,6 @@
 """The ``ragen-rllib`` command line.
 
-Subcommands (this issue): ``envs``, ``play``, ``prompt``, ``models list|prepare``.
+Subcommands: ``envs``, ``play``, ``prompt``, ``models list|prepare``, ``rollout``, ``trajectories show``.
 Heavy libraries (transformers) are imported only by the subcommands that need them.
 """
 
@@ -152,6 +152,71 @@ def cmd_models(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace, out: TextIO) -> int:
+    from ragen_rllib.env_runners.rollout_job import RolloutJob, run_job
+    from ragen_rllib.trajectory.summary import summary_table
+
+    envs = [e for spec in args.env for e in spec.split(",") if e]
+    for e in envs:  # fail fast on a bad env name before an engine starts
+        name, _, variant = e.partition(":")
+        try:
+            make_env(name, variant=variant or None, **_parse_overrides(args.set or []))
+        except (KeyError, TypeError, ValueError) as err:
+            raise SystemExit(f"error: {err.args[0] if err.args else err}") from None
+    job = RolloutJob(envs=envs, model=args.model, engine=args.engine, groups=args.groups, group_size=args.group_size,
+                     max_turns=args.max_turns, iterations=args.iterations, out=args.out, run_id=args.run_id,
+                     seed=args.seed, enable_think=not args.no_think, temperature=args.temperature,
+                     max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens,
+                     env_config=_parse_overrides(args.set or []))
+    try:
+        run_dir, results = run_job(job, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    fmt = "no-think" if args.no_think else "think"
+    print(f"\nrollout summary ({args.engine} engine, {args.model}, {fmt} format, "
+          f"{args.groups} groups x {args.group_size} samples x {args.iterations} iteration(s))", file=out)
+    print(summary_table([(r.env, r.summary) for r in results]), file=out)
+    print(f"trajectories: {run_dir}  (show with: ragen-rllib trajectories show {run_dir})", file=out)
+    return 0
+
+
+def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
+    from pathlib import Path
+
+    import pyarrow.compute as pc
+
+    from ragen_rllib.trajectory import read_run
+    from ragen_rllib.trajectory.schema import Col
+    from ragen_rllib.trajectory.summary import render_episode, summarize, summary_table
+
+    run = Path(args.run)
+    try:
+        table = read_run(run) if run.is_dir() else read_run(args.root, run_id=args.run)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: cannot read run {args.run!r}: {e}") from None
+    conds = []
+    if args.env:
+        name, _, variant = args.env.partition(":")
+        conds.append(pc.equal(table[Col.ENV_NAME], name))
+        if variant:
+            conds.append(pc.equal(table[Col.ENV_VARIANT], variant))
+    if args.group is not None:
+        conds.append(pc.equal(table[Col.GROUP_ID], args.group))
+    if args.iteration is not None:
+        conds.append(pc.equal(table[Col.ITERATION], args.iteration))
+    if args.success:
+        conds.append(pc.equal(table[Col.SUCCESS], True))
+    if args.failure:
+        conds.append(pc.equal(table[Col.SUCCESS], False))
+    for c in conds:
+        table = table.filter(c)
+    rows = table.slice(0, args.limit).to_pylist() if args.limit > 0 else table.to_pylist()
+    for row in rows:
+        print(render_episode(row) + "\n", file=out)
+    print(summary_table([(f"{table.num_rows} matching", summarize(table))]), file=out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ragen-rllib", description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -178,6 +243,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default=None, help=f"model name or local HF folder, e.g. {DEFAULT_MODEL}")
     sp.add_argument("--both-formats", action="store_true", help="show the think and the no-think prompt")
 
+    sp = sub.add_parser("rollout", help="roll out a model on envs, write Arrow, print a summary")
+    sp.add_argument("--env", action="append", required=True, help="env or env:variant; repeat or comma-separate")
+    sp.add_argument("--model", default=DEFAULT_MODEL, help="known model name or local HF folder")
+    sp.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
+    sp.add_argument("--groups", type=int, default=4, help="initial-state groups per iteration (P)")
+    sp.add_argument("--group-size", type=int, default=4, help="samples per group (N)")
+    sp.add_argument("--max-turns", type=int, default=5)
+    sp.add_argument("--iterations", type=int, default=1)
+    sp.add_argument("--out", default="runs", help="root folder of the trajectory store")
+    sp.add_argument("--run-id", default=None)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--no-think", action="store_true")
+    sp.add_argument("--temperature", type=float, default=1.0)
+    sp.add_argument("--max-new-tokens", type=int, default=200)
+    sp.add_argument("--max-context-tokens", type=int, default=3600)
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="env config override (repeatable)")
+
+    sp = sub.add_parser("trajectories", help="inspect stored trajectories")
+    tsub = sp.add_subparsers(dest="traj_cmd", required=True)
+    ts = tsub.add_parser("show", help="render stored episodes readably")
+    ts.add_argument("run", help="run folder, or a run id under --root")
+    ts.add_argument("--root", default="runs")
+    ts.add_argument("--env", default=None, help="env or env:variant")
+    ts.add_argument("--group", type=int, default=None)
+    ts.add_argument("--iteration", type=int, default=None)
+    g = ts.add_mutually_exclusive_group()
+    g.add_argument("--success", action="store_true")
+    g.add_argument("--failure", action="store_true")
+    ts.add_argument("--limit", type=int, default=3, help="episodes to print (0 = all)")
+
     sp = sub.add_parser("models", help="list or prepare local models (no hub downloads)")
     msub = sp.add_subparsers(dest="models_cmd", required=True)
     ml = msub.add_parser("list")
@@ -202,6 +297,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: Text
         return cmd_prompt(args, out)
     if args.cmd == "models":
         return cmd_models(args, out)
+    if args.cmd == "rollout":
+        return cmd_rollout(args, out)
+    if args.cmd == "trajectories":
+        return cmd_trajectories(args, out)
     raise AssertionError(f"unhandled command {args.cmd!r}")
 
 

