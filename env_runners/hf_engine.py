@@ -76,6 +76,10 @@ class HFEngine:
         dtype: weights dtype when loading from a folder (``"float32"``, ``"bfloat16"``, ...).
         device: torch device for the model and all tensors.
         seed: seed of the engine's generator, used when ``SamplingParams.seed`` is None.
+        num_threads: if set, ``torch.set_num_threads(num_threads)`` (process-wide). On a small
+            shared CPU box, 1 thread can be several times faster than oversubscribed OpenMP
+            (measured: SmolLM2 16x64 tokens, 73 tok/s with 1 thread vs 9 tok/s with 2 threads
+            while other processes kept the 2 cores busy).
 
     Attributes:
         policy_version: version of the loaded weights (0 until ``load_weights``).
@@ -89,8 +93,12 @@ class HFEngine:
         dtype: str = "float32",
         device: str = "cpu",
         seed: int = 0,
+        num_threads: int | None = None,
     ) -> None:
         import torch
+
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
 
         self.device = torch.device(device)
         if isinstance(model, (str, Path)):
@@ -155,7 +163,8 @@ class HFEngine:
             raise ValueError(f"HFEngine.generate: empty prompt at index {lengths.index(0)}")
         bsz, max_len = len(prompts), max(lengths)
         dev = self.device
-        stop_ids = torch.tensor(sorted(set(self._eos_token_ids) | set(params.stop_token_ids)), device=dev, dtype=torch.long)
+        stop_set = sorted(set(self._eos_token_ids) | set(params.stop_token_ids))
+        stop_ids = torch.tensor(stop_set, device=dev, dtype=torch.long)
         greedy = params.temperature == 0
         gens: list[torch.Generator] | None = None
         if not greedy and params.seed is not None:

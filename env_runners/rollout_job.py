@@ -66,7 +66,7 @@ class RolloutJob:
     engine: str = "vllm"
     groups: int = 4
     group_size: int = 4
-    max_turns: int = 5
+    max_turns: int | None = None  # None: each env's MAX_TURNS
     iterations: int = 1
     out: str = "runs"
     run_id: str | None = None

