@@ -1,0 +1,287 @@
+"""StarPO / StarPO-S as a custom RLlib Algorithm.
+
+How StarPO-S differs from PPO (RAGEN paper §4; digest §4):
+
+1. The unit of optimisation is a whole multi-turn trajectory (all turns of one episode in one
+   token sequence); the loss covers only the model's sampled tokens.
+2. Rollouts come in groups: P initial states x N samples; each sample has its own dynamics seed.
+3. Variance filtering: only the top ``rollout_filter_ratio`` of groups by in-group reward std
+   (on raw episode returns) are trained on.
+4. Decoupled clipping (ε_low 0.2, ε_high 0.28) and dual clip c = 3; no KL term.
+5. The critic is a value model over token prefixes; GAE runs over sampled tokens only.
+
+``training_step`` reads as the data flow: sample -> store -> filter -> advantages -> update ->
+sync, one timer per stage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+
+from ragen_rllib.algorithms.starpo.config import StarPOConfig
+from ragen_rllib.core import starpo as S
+from ragen_rllib.core.masked import masked_whiten
+from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, take_groups, to_padded_tensors, with_kept
+from ragen_rllib.trajectory.schema import Col
+from ragen_rllib.trajectory.summary import summarize
+
+
+def _first(results: Any) -> Any:
+    """First value of an RLlib ``RemoteCallResults`` (or a plain list)."""
+    for r in results:
+        return r.get() if hasattr(r, "get") else r
+    raise RuntimeError("no learner answered")
+
+
+def success_ci95(successes: np.ndarray) -> tuple[float, float]:
+    """Mean and 95% half-width (Wilson score interval) of a 0/1 array."""
+    n = len(successes)
+    if n == 0:
+        return 0.0, 0.0
+    p, z = float(np.mean(successes)), 1.96
+    denom = 1 + z * z / n
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return p, half
+
+
+def pass_at_k(successes_per_state: Sequence[Sequence[bool]], k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021) averaged over states with n >= k samples."""
+    vals = []
+    for s in successes_per_state:
+        n, c = len(s), int(sum(s))
+        if n < k:
+            continue
+        vals.append(1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k))
+    return float(np.mean(vals)) if vals else 0.0
+
+
+class StarPO(Algorithm):
+    """The StarPO / StarPO-S algorithm (see the module docstring)."""
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> StarPOConfig:
+        return StarPOConfig()
+
+    @override(Algorithm)
+    def setup(self, config: StarPOConfig) -> None:
+        super().setup(config)
+        self.policy_version = 0
+        self.seed_counter = 0  # train initial states: seed + counter (never repeated)
+        run = config.run_name or time.strftime("starpo-%Y%m%d-%H%M%S")
+        self.store = TrajectoryStore(config.run_dir, run)
+
+    # ------------------------------------------------------------ the spine
+    @override(Algorithm)
+    def training_step(self) -> None:
+        p, it, timers = self.config.starpo, self.iteration, {}
+        if p.test_freq and (it % p.test_freq == 0) and (it > 0 or p.val_before_train):
+            with _timer(timers, "validate"):
+                self._log(self.validate())
+        with _timer(timers, "sample"):
+            table, rollout_stats = self._sample_train_groups(it)
+        with _timer(timers, "store"):
+            self.store.write(it, table)
+        with _timer(timers, "filter"):
+            train, filter_metrics = self._filter(table)
+            self.store.write(it, with_kept(table, set(train[Col.GROUP_ID].to_pylist())), overwrite=True)
+        with _timer(timers, "advantages"):
+            batch, adv_metrics = self._advantages(train)
+        with _timer(timers, "update"):
+            learner_results = self._update(batch)
+        with _timer(timers, "sync"):
+            self._sync_weights()
+        self._log({**_rollout_metrics(table, rollout_stats), **filter_metrics, **adv_metrics,
+                   **learner_results, **{f"time/{k}": v for k, v in timers.items()},
+                   "policy_version": float(self.policy_version)})
+
+    # --------------------------------------------------------------- stages
+    def _sample_train_groups(self, iteration: int) -> tuple[Any, dict[str, float]]:
+        p = self.config.starpo
+        groups = [(iteration * p.env_groups + g, p.seed + self.seed_counter + g) for g in range(p.env_groups)]
+        self.seed_counter += p.env_groups
+        rows, stats = self._sample(groups, p.group_size, p.env, p.temperature, iteration, sampling_seed=p.seed + iteration)
+        return rows_to_table(rows), stats
+
+    def _sample(self, groups: list[tuple[int, int]], group_size: int, env: str, temperature: float, iteration: int,
+                sampling_seed: int) -> tuple[list[dict], dict[str, float]]:
+        """Split groups across env runners, roll out, merge rows by (group_id, sample_idx)."""
+        kw = dict(group_size=group_size, env=env, temperature=temperature, run_id=self.store.run_id,
+                  iteration=iteration, sampling_seed=sampling_seed)
+        n = self.env_runner_group.num_remote_env_runners()
+        if n == 0:
+            outs = [self.env_runner.sample(groups=groups, **kw)]
+        else:
+            chunks = [groups[i::n] for i in range(n)]
+            outs = self.env_runner_group.foreach_env_runner(
+                lambda r: r.sample(groups=chunks[(r.worker_index - 1) % n], **kw), local_env_runner=False)
+        rows = sorted((row for o in outs for row in o["rows"]), key=lambda r: (r[Col.GROUP_ID], r[Col.SAMPLE_IDX]))
+        stats = {k: float(sum(o["stats"][k] for o in outs)) for k in outs[0]["stats"]}
+        stats["wall_s"] = max(o["stats"]["total_s"] for o in outs)
+        return rows, stats
+
+    def _filter(self, table: Any) -> tuple[Any, dict[str, float]]:
+        p = self.config.starpo
+        returns = torch.tensor(table[Col.EPISODE_RETURN].to_numpy(), dtype=torch.float32)  # raw env returns
+        gids = torch.tensor(table[Col.GROUP_ID].to_numpy(), dtype=torch.int64)
+        stds, unique = S.group_reward_std(returns, gids)
+        kept_idx, metrics = S.select_groups(stds, p.rollout_filter_ratio, p.rollout_filter_type)
+        kept = set(unique[kept_idx].tolist())
+        return take_groups(table, kept), metrics
+
+    def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:
+        p = self.config.starpo
+        t = to_padded_tensors(train)
+        np_batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
+                    "loss_mask": t[Col.LOSS_MASK].numpy(), "policy_version": t[Col.POLICY_VERSION].numpy()}
+        version = self.policy_version
+        extra = _first(self.learner_group.foreach_learner(lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
+        mask = t[Col.LOSS_MASK]
+        turn_rewards = [list(r) for r in train[Col.TURN_REWARDS].to_pylist()]
+        token_turn = _pad_token_turn(train, mask.shape)
+        metrics: dict[str, float] = {}
+        rewards = S.place_rewards(mask, token_turn, turn_rewards, per_turn=p.use_turn_scores)
+        if p.kl_mode == "reward":
+            kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask, p.kl_type)
+            rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
+            metrics.update(kl_metrics)
+        values = torch.as_tensor(extra["old_values"])
+        if p.adv_estimator == "gae":
+            adv, returns = S.compute_gae(rewards, values, mask, p.gamma, p.lam)
+            if p.whiten_advantages:
+                adv = masked_whiten(adv, mask) * mask
+        else:
+            scores = rewards.sum(-1)
+            adv_seq = S.grpo_advantages(scores, t[Col.GROUP_ID], norm_std=p.grpo_norm_std, scope=p.grpo_scope)
+            adv, returns = S.broadcast_to_tokens(adv_seq, mask), torch.zeros_like(mask)
+        metrics["actor/entropy_rollout"] = float((torch.as_tensor(extra["entropy"]) * mask).sum() / mask.sum().clamp(min=1))
+        batch = {**np_batch, "old_logp": extra["old_logp"], "old_values": extra["old_values"],
+                 "sample_logprobs": t[Col.SAMPLE_LOGPROBS].numpy(), "advantages": adv.numpy().astype(np.float32),
+                 "returns": returns.numpy().astype(np.float32)}
+        if "ref_logp" in extra:
+            batch["ref_logp"] = extra["ref_logp"]
+        n = len(batch["token_ids"])
+        return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n), metrics
+
+    def _update(self, batch: MultiAgentBatch) -> dict[str, float]:
+        p = self.config.starpo
+        n = batch.env_steps()
+        results = self.learner_group.update(batch=batch, minibatch_size=min(p.ppo_mini_batch_size, n),
+                                            num_epochs=p.ppo_epochs, shuffle_batch_per_epoch=False)
+        return _flatten_learner_results(results)
+
+    def _sync_weights(self) -> float:
+        """Learner 0's policy weights -> every env runner's engine, stamped with the next version."""
+        self.policy_version += 1
+        version = self.policy_version
+        weights = _first(self.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))
+        t0 = time.perf_counter()
+        if self.env_runner_group.num_remote_env_runners() == 0:
+            self.env_runner.load_policy(weights, version)
+        else:
+            import ray
+
+            ref = ray.put(weights)  # once through the object store, not once per runner
+            self.env_runner_group.foreach_env_runner(lambda r: r.load_policy(ray.get(ref), version),
+                                                     local_env_runner=False)
+        return time.perf_counter() - t0
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Fixed initial states (``val_seed``..), ``val_group_size`` samples each, at ``val_temperature``.
+
+        Returns ``val/<env>/success`` (mean), ``.../success_ci95`` (Wilson half-width),
+        ``.../pass@k`` (k = val_group_size) and the rollout summary metrics.
+        """
+        p = self.config.starpo
+        out: dict[str, float] = {}
+        for env in (p.val_envs or (p.env,)):
+            groups = [(10**9 + g, p.val_seed + g) for g in range(p.val_groups)]
+            rows, _ = self._sample(groups, p.val_group_size, env, p.val_temperature, self.iteration,
+                                   sampling_seed=p.val_seed)
+            succ = np.array([r[Col.SUCCESS] for r in rows], dtype=float)
+            mean, half = success_ci95(succ)
+            per_state: dict[int, list[bool]] = {}
+            for r in rows:
+                per_state.setdefault(r[Col.GROUP_ID], []).append(bool(r[Col.SUCCESS]))
+            s = summarize(rows_to_table(rows))
+            out.update({f"val/{env}/success": mean, f"val/{env}/success_ci95": half,
+                        f"val/{env}/pass@{p.val_group_size}": pass_at_k(list(per_state.values()), p.val_group_size),
+                        f"val/{env}/well_formed_rate": s["well_formed_rate"], f"val/{env}/return": s["return_mean"]})
+        return out
+
+    # -------------------------------------------------------------- metrics
+    def _log(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.metrics.log_value(k, float(v), window=1)
+
+    @override(Algorithm)
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        state["starpo"] = {"policy_version": self.policy_version, "seed_counter": self.seed_counter,
+                           "run_id": self.store.run_id}
+        return state
+
+    @override(Algorithm)
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        s = state.get("starpo")
+        if s:
+            self.policy_version, self.seed_counter = s["policy_version"], s["seed_counter"]
+
+
+class _timer:
+    def __init__(self, sink: dict[str, float], name: str) -> None:
+        self.sink, self.name = sink, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.sink[self.name] = time.perf_counter() - self.t0
+
+
+def _pad_token_turn(table: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    out = torch.full(shape, -1, dtype=torch.int64)
+    for i, tt in enumerate(table[Col.TOKEN_TURN].to_pylist()):
+        out[i, : len(tt)] = torch.as_tensor(tt, dtype=torch.int64)
+    return out
+
+
+def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
+    s = summarize(table)
+    m = {f"rollout/{k}": v for k, v in s.items()}
+    m["rollout/response_length_mean"] = s["tokens_per_turn"]
+    m["rollout/tokens_per_s"] = stats["sampled_tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
+    m["time/generate"] = stats["generate_s"]
+    return m
+
+
+def _flatten_learner_results(results: Any) -> dict[str, float]:
+    """RLlib learner results (list of nested dicts) -> flat {name: float} (first learner)."""
+    out: dict[str, float] = {}
+    first = results[0] if isinstance(results, list) and results else results
+
+    def walk(prefix: str, d: Any) -> None:
+        if isinstance(d, dict):
+            for k, v in d.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        else:
+            try:
+                val = d.peek() if hasattr(d, "peek") else d
+                out[prefix] = float(val)
+            except (TypeError, ValueError):
+                pass
+
+    walk("", first.get(DEFAULT_MODULE_ID, {}) if isinstance(first, dict) else {})
+    return {(k if "/" in k and k.split("/")[0] in ("actor", "critic") else f"learner/{k}"): v for k, v in out.items()}

@@ -1,0 +1,155 @@
+"""StarPO / StarPO-S hyperparameters: one frozen dataclass, RAGEN's names, validated once.
+
+Defaults follow RAGEN's ``config/base.yaml`` + veRL (digest §5) where they apply to our
+system; the two presets are ``starpo()`` (vanilla) and ``starpo_s()`` (the paper's StarPO-S).
+Import-light: stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ADV_ESTIMATORS = ("gae", "grpo")
+FILTER_TYPES = ("std", "std_rev", "all")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_MODES = ("off", "loss", "reward")
+KL_TYPES = ("k1", "k3", "low_var_kl")
+CRITIC_TYPES = ("separate", "value_head")
+OLD_LOGP_SOURCES = ("recompute", "sampler")
+ENGINES = ("vllm", "hf")
+
+
+@dataclass(frozen=True)
+class StarPOParams:
+    """Every StarPO / StarPO-S knob (RAGEN's names; one spelling per concept)."""
+
+    # --- model and engine
+    model: str = "smollm2-135m-instruct"  # known name or local HF folder
+    engine: str = "vllm"  # rollout engine in the env runners
+    # --- rollout (RAGEN es_manager / agent_proxy)
+    env: str = "bandit"  # env or env:variant
+    env_config: Mapping[str, Any] = field(default_factory=dict)
+    env_groups: int = 8  # P initial-state groups per iteration
+    group_size: int = 16  # N samples per group
+    max_turns: int | None = None  # None: the env's MAX_TURNS (RAGEN max_turn)
+    response_length: int = 400  # max new tokens per turn
+    temperature: float = 1.0
+    enable_think: bool = True
+    max_actions_per_turn: int = 5
+    format_penalty: float = -0.1
+    max_context_tokens: int = 3600
+    seed: int = 10000  # train initial-state seeds: seed + counter (RAGEN seed.train)
+    # --- validation
+    val_envs: tuple[str, ...] = ()  # () = the train env; e.g. ("bandit", "bandit:test")
+    val_groups: int = 64  # fixed initial states
+    val_group_size: int = 1  # samples per state (pass@k uses k = val_group_size)
+    val_temperature: float = 0.5
+    val_seed: int = 123
+    test_freq: int = 10  # validate every k iterations (0: never)
+    val_before_train: bool = True
+    # --- StarPO-S filter (paper §4.2, digest §4.6)
+    rollout_filter_ratio: float = 0.25
+    rollout_filter_type: str = "std"
+    # --- advantages
+    adv_estimator: str = "gae"  # "gae" (PPO, critic) or "grpo" (critic-free)
+    gamma: float = 1.0
+    lam: float = 1.0
+    grpo_norm_std: bool = False  # divide by in-group std (textbook GRPO; fails on stochastic rewards)
+    grpo_scope: str = "group"  # "group" (per initial state, RAGEN code) or "batch" (paper eq.)
+    use_turn_scores: bool = False  # each turn's reward on its last token (else the return on the last token)
+    whiten_advantages: bool = True  # GAE: masked batch whitening (RAGEN/veRL)
+    # --- policy loss
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float = 3.0  # dual clip
+    entropy_coeff: float = 0.001
+    loss_agg_mode: str = "token-mean"
+    old_logp_source: str = "recompute"
+    kl_mode: str = "off"
+    kl_coef: float = 0.0
+    kl_type: str = "k1"
+    # --- critic
+    critic_type: str = "separate"
+    cliprange_value: float = 0.5
+    # --- optimisation
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 32  # trajectories per optimizer step
+    bf16_autocast: bool = False  # learner forward/backward under bf16 autocast (CPU with avx512_bf16, GPUs)
+
+    def validate(self) -> "StarPOParams":
+        """Check every field; raise ``ValueError`` naming the field and its value. Returns self."""
+
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"StarPOParams.{name} {why}, got {getattr(self, name)!r}")
+
+        choices = {"engine": ENGINES, "rollout_filter_type": FILTER_TYPES, "adv_estimator": ADV_ESTIMATORS,
+                   "loss_agg_mode": LOSS_AGG_MODES, "kl_mode": KL_MODES, "kl_type": KL_TYPES,
+                   "critic_type": CRITIC_TYPES, "old_logp_source": OLD_LOGP_SOURCES, "grpo_scope": ("group", "batch")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"must be one of {list(allowed)}")
+        for name in ("env_groups", "group_size", "response_length", "max_actions_per_turn", "max_context_tokens",
+                     "val_groups", "val_group_size", "ppo_epochs", "ppo_mini_batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "must be an int >= 1")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise bad("max_turns", "must be >= 1 or None")
+        if not 0.0 < self.rollout_filter_ratio <= 1.0:
+            raise bad("rollout_filter_ratio", "must be in (0, 1]")
+        if not 0.0 <= self.clip_ratio_low < 1.0:
+            raise bad("clip_ratio_low", "must be in [0, 1)")
+        if self.clip_ratio_high < 0.0:
+            raise bad("clip_ratio_high", "must be >= 0")
+        if self.clip_ratio_c <= 1.0:
+            raise bad("clip_ratio_c", "must be > 1 (dual clip)")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise bad(name, "must be in [0, 1]")
+        for name in ("actor_lr", "critic_lr", "temperature", "val_temperature"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        if self.actor_lr == 0:
+            raise bad("actor_lr", "must be > 0")
+        if self.format_penalty > 0:
+            raise bad("format_penalty", "must be <= 0")
+        if self.kl_mode != "off" and self.kl_coef <= 0:
+            raise bad("kl_coef", f"must be > 0 when kl_mode={self.kl_mode!r}")
+        if self.kl_mode == "off" and self.kl_coef != 0:
+            raise bad("kl_coef", "must be 0 when kl_mode='off' (set kl_mode to 'loss' or 'reward')")
+        if self.test_freq < 0:
+            raise bad("test_freq", "must be >= 0")
+        if self.grad_clip <= 0:
+            raise bad("grad_clip", "must be > 0")
+        return self
+
+    @property
+    def use_critic(self) -> bool:
+        return self.adv_estimator == "gae"
+
+    def replace(self, **changes: Any) -> "StarPOParams":
+        """Return a validated copy with ``changes`` (unknown names raise ``TypeError`` naming them)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown StarPOParams field(s) {unknown}")
+        return dataclasses.replace(self, **changes).validate()
+
+
+def starpo_s(**overrides: Any) -> StarPOParams:
+    """StarPO-S (RAGEN base.yaml): filter 0.25 by std, PPO/GAE critic, clip 0.2/0.28, no KL."""
+    return StarPOParams().replace(**overrides)
+
+
+def starpo(**overrides: Any) -> StarPOParams:
+    """Vanilla StarPO (RAGEN train_all.sh): keep all groups, symmetric clip 0.2, KL 0.001 (k1, in the loss)."""
+    base = dict(rollout_filter_ratio=1.0, rollout_filter_type="all", clip_ratio_high=0.2, kl_mode="loss",
+                kl_coef=0.001, kl_type="k1")
+    return StarPOParams().replace(**{**base, **overrides})
+
+
+PRESETS = {"starpo": starpo, "starpo_s": starpo_s}

@@ -1,0 +1,219 @@
+"""``ragen-rllib train``: experiment YAML -> StarPOConfig -> ``algo.train()`` loop -> MLflow.
+
+Experiment file layout (``experiments/*.yaml``)::
+
+    preset: starpo_s            # starpo | starpo_s
+    iterations: 200
+    starpo: {env: sokoban, ...}  # StarPOParams overrides (RAGEN names)
+    rllib: {num_env_runners: 0, num_learners: 0}
+    tracking: {experiment: ragen-sokoban, tracking_uri: null}
+    profiles:                   # named overlays, e.g. a small CPU profile
+      cpu: {iterations: 20, starpo: {...}}
+
+``--set key=value`` overrides any leaf (``starpo.actor_lr=1e-5``, ``iterations=5``).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from ragen_rllib.algorithms.starpo.params import PRESETS, StarPOParams
+
+KEY_METRICS = ("rollout/success", "rollout/return_mean", "rollout/well_formed_rate", "filter/std_all_mean",
+               "actor/entropy", "time/iteration")
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def load_experiment(path: str | Path, profile: str | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Read an experiment YAML, apply a profile and ``key=value`` overrides.
+
+    Raises:
+        FileNotFoundError: missing file. ValueError: unknown profile, bad override, bad preset.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"experiment config {str(path)!r} does not exist")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    profiles = cfg.pop("profiles", {}) or {}
+    if profile:
+        if profile not in profiles:
+            raise ValueError(f"{path}: unknown profile {profile!r}; profiles: {sorted(profiles)}")
+        cfg = _merge(cfg, profiles[profile])
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        node = cfg
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    preset = cfg.get("preset", "starpo_s")
+    if preset not in PRESETS:
+        raise ValueError(f"{path}: preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    cfg["source"] = str(path)
+    cfg["profile"] = profile
+    return cfg
+
+
+def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
+    """StarPOParams from the preset + the ``starpo`` section (validated; errors name the field)."""
+    overrides = dict(cfg.get("starpo") or {})
+    if "val_envs" in overrides:
+        overrides["val_envs"] = tuple(overrides["val_envs"])
+    return PRESETS[cfg.get("preset", "starpo_s")](**overrides)
+
+
+def build_config(cfg: Mapping[str, Any], run_name: str):
+    from ragen_rllib.algorithms.starpo.config import StarPOConfig
+
+    params = build_params(cfg)
+    rl = dict(cfg.get("rllib") or {})
+    conf = (StarPOConfig().training(starpo=params)
+            .env_runners(num_env_runners=int(rl.get("num_env_runners", 0)),
+                         num_cpus_per_env_runner=rl.get("num_cpus_per_env_runner", 1))
+            .learners(num_learners=int(rl.get("num_learners", 0)))
+            .debugging(seed=params.seed)
+            .storage(run_dir=cfg.get("run_dir", "runs"), run_name=run_name))
+    return conf
+
+
+def flat_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """Pick our namespaced scalar metrics out of an RLlib result dict."""
+    out: dict[str, float] = {}
+
+    def walk(prefix: str, d: Any) -> None:
+        if isinstance(d, Mapping):
+            for k, v in d.items():
+                walk(f"{prefix}{k}" if not prefix else f"{prefix}/{k}", v)
+        elif isinstance(d, (int, float)) and not isinstance(d, bool):
+            out[prefix] = float(d)
+
+    for k, v in result.items():
+        if isinstance(k, str) and k.split("/")[0] in ("rollout", "filter", "actor", "critic", "time", "val", "learner",
+                                                      "policy_version"):
+            walk(k, v)
+    return out
+
+
+def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[str], None] = print,
+          resume_run_id: str | None = None) -> dict[str, Any]:
+    """Run the experiment; returns a summary (final metrics, checkpoint path, MLflow run id)."""
+    import ray
+
+    from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
+    from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
+
+    run_name = cfg.get("run_name") or time.strftime("starpo-%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.get("run_dir", "runs"))
+    params = build_params(cfg)
+    iterations = int(cfg.get("iterations", 10))
+    tr = dict(cfg.get("tracking") or {})
+    if not ray.is_initialized():
+        ray.init(num_cpus=int((cfg.get("rllib") or {}).get("ray_num_cpus", 2)), include_dashboard=False,
+                 log_to_driver=False)
+    algo = build_config(cfg, run_name).build_algo()
+    tracker = MLflowTracker(tracking_uri=tracking_uri or tr.get("tracking_uri"),
+                            experiment=tr.get("experiment", f"ragen-{params.env.split(':')[0]}"), run_name=run_name,
+                            local_dir=run_dir,
+                            tags={"env": params.env, "preset": cfg.get("preset", "starpo_s"), "model": params.model,
+                                  "git_commit": get_git_commit(Path.cwd()) or "unknown",
+                                  "arrow_dir": str(algo.store.directory)})
+    tracker.start()
+    tracker.log_params({"starpo": params, "iterations": iterations, "rllib": cfg.get("rllib") or {},
+                        "profile": cfg.get("profile") or "default", "source": cfg.get("source", "")})
+    tracker.log_dict(json.loads(json.dumps(cfg, default=str)), "config/resolved.json")
+    monitor = EchoTrapMonitor()
+    history: list[dict[str, float]] = []
+    stop = {"flag": False}
+    prev = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
+    status, t_start = "FINISHED", time.perf_counter()
+    try:
+        for i in range(iterations):
+            t0 = time.perf_counter()
+            result = algo.train()
+            m = flat_metrics(result)
+            m["time/iteration"] = time.perf_counter() - t0
+            for sig in monitor.update(m, step=i):
+                log(f"[echo-trap] iteration {i}: {sig.message}")
+            m.update(monitor.flags())
+            tracker.log_metrics(m, step=i)
+            history.append(m)
+            eta = (time.perf_counter() - t_start) / (i + 1) * (iterations - i - 1)
+            shown = " ".join(f"{k.split('/')[-1]}={m[k]:.3g}" for k in KEY_METRICS if k in m)
+            val = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("val/") and k.endswith("/success"))
+            log(f"[{i + 1}/{iterations}] {shown} {val} eta {eta:.0f}s")
+            if stop["flag"]:
+                status = "KILLED"
+                log("interrupted: saving a checkpoint and closing the MLflow run")
+                break
+        final_val = algo.validate() if params.test_freq else {}
+        tracker.log_metrics(final_val, step=len(history))
+        if final_val:
+            log(" ".join(f"{k}={v:.3f}" for k, v in final_val.items()))
+        ckpt = algo.save(str(run_dir / run_name / "checkpoint")).checkpoint.path
+        hf_dir = export_hf(algo, run_dir / run_name / "hf_model")
+        tracker.set_tags({"checkpoint": str(ckpt), "hf_model": str(hf_dir)})
+        _log_curves(tracker, history, run_dir / run_name)
+        return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
+                "hf_model": str(hf_dir), "final": final_val, "history": history}
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        signal.signal(signal.SIGINT, prev)
+        tracker.end(status=status)
+        algo.stop()
+
+
+def export_hf(algo: Any, out: Path) -> Path:
+    """Save the trained policy as a Hugging Face folder (loadable by transformers and vLLM)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragen_rllib.models import resolve_model
+
+    src = resolve_model(algo.config.starpo.model)
+    weights = next(iter(algo.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))).get()
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _log_curves(tracker: Any, history: list[dict[str, float]], out_dir: Path) -> None:
+    from ragen_rllib.tracking.plots import plot_curves
+
+    keys = [k for k in ("rollout/success", "filter/std_all_mean", "actor/entropy", "rollout/response_length_mean")
+            if any(k in h for h in history)]
+    keys += sorted({k for h in history for k in h if k.startswith("val/") and k.endswith("/success")})
+    png = plot_curves(history, keys, out_dir / "learning_curves.png", title=out_dir.name)
+    if png is not None:
+        tracker.log_artifact(str(png))

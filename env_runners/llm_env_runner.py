@@ -1,0 +1,160 @@
+"""``LLMEnvRunner``: an RLlib EnvRunner that owns text envs and a rollout engine (vLLM or HF).
+
+It never holds the RLModule: generation goes through the ``Engine``; the learner's policy weights
+arrive through ``set_state`` (RLlib's weight sync) and are loaded into the engine in place, with
+the ``policy_version`` the algorithm stamps. Every trajectory row it returns carries that version.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+from ragen_rllib.env_runners.engine import SamplingParams
+from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.prompting import PromptConfig
+
+POLICY_VERSION_KEY = "policy_version"
+WEIGHTS_KEY = "policy_weights"
+
+
+class LLMEnvRunner(EnvRunner, Checkpointable):
+    """Runs batched multi-turn rollouts for the StarPO algorithm.
+
+    ``config.starpo`` (``StarPOParams``) supplies the model, engine, env and sampling settings.
+    The engine is built lazily on first use, so a local runner that is never sampled (remote
+    runners exist) costs nothing.
+    """
+
+    def __init__(self, *, config: Any, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self.params = config.starpo
+        self.worker_index = kwargs.get("worker_index", 0)
+        self._engine = None
+        self._tok = None
+        self.policy_version = 0
+        self._loops: dict[tuple, RolloutLoop] = {}
+
+    # ----------------------------------------------------------------- engine
+    @property
+    def engine(self):
+        if self._engine is None:
+            from ragen_rllib.env_runners.rollout_job import make_engine
+            from ragen_rllib.models.loading import load_tokenizer
+
+            p = self.params
+            self._tok = load_tokenizer(p.model)
+            self._engine = make_engine(p.engine, p.model, seed=p.seed + 7919 * (self.worker_index or 0),
+                                       max_model_len=p.max_context_tokens + p.response_length)
+            self._engine.policy_version = self.policy_version
+            if getattr(self, "_pending_weights", None) is not None:
+                weights, version = self._pending_weights
+                self._pending_weights = None
+                self._engine.load_weights(weights.items(), version)
+        return self._engine
+
+    def _loop(self, env: str, temperature: float, max_turns: int | None) -> RolloutLoop:
+        key = (env, temperature, max_turns)
+        if key not in self._loops:
+            p = self.params
+            name, _, variant = env.partition(":")
+            spec = RolloutSpec(
+                env_name=name, env_variant=variant or None, env_config=dict(p.env_config), group_size=1,
+                max_turns=max_turns,
+                prompt=PromptConfig(enable_think=p.enable_think, max_actions_per_turn=p.max_actions_per_turn,
+                                    format_penalty=p.format_penalty, max_context_tokens=p.max_context_tokens),
+                sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature))
+            self._loops[key] = RolloutLoop(self.engine, self._tok, spec)
+        return self._loops[key]
+
+    # ------------------------------------------------------------------ RLlib
+    @override(EnvRunner)
+    def sample(self, *, groups: Sequence[tuple[int, int]] = (), group_size: int = 1, env: str | None = None,
+               temperature: float | None = None, run_id: str = "", iteration: int = 0, sampling_seed: int = 0,
+               **kwargs: Any) -> dict[str, Any]:
+        """Roll out ``groups`` ([(group_id, initial_seed)]) with ``group_size`` samples each.
+
+        Returns:
+            ``{"rows": [trajectory dicts keyed by Col], "stats": {...seconds and token counts}}``.
+        """
+        p = self.params
+        loop = self._loop(env or p.env, p.temperature if temperature is None else temperature, p.max_turns)
+        loop.spec = type(loop.spec)(**{**loop.spec.__dict__, "group_size": group_size})
+        t0 = time.perf_counter()
+        res = loop.run(list(groups), run_id=run_id, iteration=iteration, sampling_seed=sampling_seed)
+        if any(r["policy_version"] != self.policy_version for r in res.rows):
+            raise RuntimeError(f"env runner {self.worker_index}: rows stamped with a stale policy version")
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, res.stats.num_turns, reduce="sum")
+        st = res.stats
+        return {"rows": res.rows, "stats": {"sampled_tokens": st.sampled_tokens, "prompt_tokens": st.prompt_tokens,
+                                            "generate_s": st.generate_s, "env_s": st.env_s,
+                                            "total_s": time.perf_counter() - t0, "turns": st.num_turns}}
+
+    @override(EnvRunner)
+    def get_spaces(self):
+        s = (gym.spaces.Text(max_length=1 << 16), gym.spaces.Text(max_length=1 << 16))
+        return {INPUT_ENV_SPACES: s, DEFAULT_MODULE_ID: s}
+
+    @override(EnvRunner)
+    def assert_healthy(self) -> None:
+        assert self.params is not None, "LLMEnvRunner has no params"
+
+    @override(EnvRunner)
+    def get_metrics(self):
+        return self.metrics.reduce()
+
+    def stop(self) -> None:
+        close = getattr(self._engine, "close", None)
+        if callable(close):
+            close()
+
+    # ----------------------------------------------------------- weight sync
+    def load_policy(self, weights: dict[str, Any], policy_version: int) -> float:
+        """Load HF-named policy weights into the engine; returns seconds spent."""
+        import torch
+
+        t0 = time.perf_counter()
+        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))) for k, v in weights.items()}
+        self.policy_version = int(policy_version)
+        if self._engine is None:  # engine not built yet: load on first use
+            self._pending_weights = (tensors, self.policy_version)
+        else:
+            self._engine.load_weights(tensors.items(), self.policy_version)
+        for loop in self._loops.values():
+            loop.engine = self.engine
+        return time.perf_counter() - t0
+
+    @override(Checkpointable)
+    def set_state(self, state: dict[str, Any]) -> None:
+        import ray
+
+        if WEIGHTS_KEY in state:
+            w = state[WEIGHTS_KEY]
+            w = ray.get(w) if isinstance(w, ray.ObjectRef) else w
+            self.load_policy(w, state[POLICY_VERSION_KEY])
+        elif POLICY_VERSION_KEY in state:
+            self.policy_version = int(state[POLICY_VERSION_KEY])
+        # RLlib's own initial sync sends {"rl_module": ...} of the learner module: the engine
+        # already loaded the same weights from disk, so it is ignored (version 0).
+
+    @override(Checkpointable)
+    def get_state(self, components=None, *, not_components=None, **kwargs: Any) -> dict[str, Any]:
+        return {POLICY_VERSION_KEY: self.policy_version}
+
+    @override(Checkpointable)
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    @override(Checkpointable)
+    def get_checkpointable_components(self):
+        return []

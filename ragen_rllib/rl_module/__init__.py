@@ -1,0 +1,1 @@
+"""RLlib RLModules (torch + transformers; imported only by the RLlib-facing layers)."""

@@ -1,0 +1,130 @@
+"""The LLM as an RLlib RLModule: a Hugging Face causal LM (policy) plus an optional critic.
+
+Per-token outputs are aligned to the token they score: for a (B, T) batch of token ids,
+``logp[:, t] = log pi(x_t | x_<t)`` and ``values[:, t] = V(x_<t)`` (the state before token t),
+in nats / return units; position 0 is never scored. Only positions with ``loss_mask == 1``
+(sampled tokens) are computed: the LM head (49k x hidden for SmolLM2) runs on those hidden states
+only, which is most of the learner's cost otherwise (feasibility note: ~19x with prefix sharing).
+
+Critic options (``model_config["critic_type"]``):
+* ``"separate"`` (RAGEN): a second copy of the base model's trunk with a scalar head;
+* ``"value_head"``: a scalar head on the policy's own trunk (half the memory; the CPU profile);
+* ``None``: no critic (GRPO).
+
+Env runners never hold this module: they generate with an ``Engine`` (vLLM / HF) and receive the
+policy weights (``lm.*``, HF names) through the weight sync.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.rllib.utils.annotations import override
+
+POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
+
+
+class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
+    """A Hugging Face causal LM policy (+ critic) as a TorchRLModule.
+
+    ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
+    docstring), ``bf16_autocast`` (bool), ``seed`` (value-head init).
+    """
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoModel, AutoModelForCausalLM
+
+        cfg = self.model_config
+        path = cfg["model_path"]
+        self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        self.critic_type = None if self.inference_only else cfg.get("critic_type")
+        self.bf16_autocast = bool(cfg.get("bf16_autocast", False))
+        hidden = self.lm.config.hidden_size
+        if self.critic_type == "separate":
+            self.critic_trunk = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        if self.critic_type in ("separate", "value_head"):
+            g = torch.Generator().manual_seed(int(cfg.get("seed", 0)))
+            self.value_head = nn.Linear(hidden, 1)
+            with torch.no_grad():  # small init: values start near 0
+                self.value_head.weight.copy_(torch.randn(1, hidden, generator=g) * 0.01)
+                self.value_head.bias.zero_()
+        elif self.critic_type is not None:
+            raise ValueError(f"model_config['critic_type'] must be 'separate', 'value_head' or None, got {self.critic_type!r}")
+
+    @override(InferenceOnlyAPI)
+    def get_non_inference_attributes(self) -> list[str]:
+        return ["critic_trunk", "value_head"]
+
+    # ------------------------------------------------------------------ forward
+    def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        base = model.base_model if hasattr(model, "base_model") else model
+        return base(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+
+    def score(self, token_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+              with_values: bool, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Per-token log-probs (+ entropy, values) at sampled positions.
+
+        Args:
+            token_ids: (B, T) int64, right-padded.
+            attention_mask: (B, T) int64, 1 on real tokens.
+            loss_mask: (B, T) float, 1 on sampled tokens (position 0 must be 0).
+
+        Returns:
+            ``logp`` (B, T) float32 nats, 0 off the mask; ``entropy`` (B, T) nats (if asked);
+            ``values`` (B, T) (if asked and a critic exists).
+        """
+        sel = loss_mask[:, 1:] > 0  # (B, T-1): predicting token t from position t-1
+        out: dict[str, torch.Tensor] = {}
+        ctx = torch.autocast("cpu" if token_ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
+                             enabled=self.bf16_autocast)
+        with ctx:
+            h = self._trunk(self.lm, token_ids, attention_mask)[:, :-1]  # (B, T-1, H)
+            h_sel = h[sel]  # (N, H)
+            logits = self.lm.get_output_embeddings()(h_sel).float()  # (N, V)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        targets = token_ids[:, 1:][sel]
+        logp = torch.zeros(loss_mask.shape, dtype=torch.float32, device=token_ids.device)
+        logp[:, 1:][sel] = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        out["logp"] = logp
+        if with_entropy:
+            ent = torch.zeros_like(logp)
+            ent[:, 1:][sel] = -(logp_all.exp() * logp_all).sum(-1)
+            out["entropy"] = ent
+        if with_values and self.critic_type is not None:
+            with ctx:
+                hv = h_sel if self.critic_type == "value_head" else \
+                    self._trunk(self.critic_trunk, token_ids, attention_mask)[:, :-1][sel]
+                v = self.value_head(hv).squeeze(-1).float()
+            values = torch.zeros_like(logp)
+            values[:, 1:][sel] = v
+            out["values"] = values
+        return out
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=True,
+                          with_entropy=True)
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        # Generation happens in the env runners' engines, never through the RLModule.
+        with torch.no_grad():
+            return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=False,
+                              with_entropy=False)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under their HF names (what the engines load)."""
+        return {k: v for k, v in self.lm.state_dict().items()}
+
+
+__all__ = ["HFCausalLMModule", "POLICY_PREFIX", "Columns"]

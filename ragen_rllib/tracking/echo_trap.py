@@ -1,0 +1,307 @@
+"""Echo-Trap early-warning signals, computed from the per-iteration metric dict (pure; stdlib + numpy).
+
+RAGEN calls the collapse mode of multi-turn agent RL the *Echo Trap*: after an early rise, the
+policy locks onto a few templated reasoning patterns, rewards stop varying within a prompt group,
+and training collapses (often irreversibly). The paper tracks five diagnostics, all EMA-smoothed
+(ragen-digest.md §6 "Paper's Echo-Trap diagnostics", §7.1 "Collapse dynamics", paper Figs. 5–8):
+
+- ``std_collapse`` (``filter/std_all_mean``): in-group reward std drops *before* reward collapses
+  (FrozenLake-PPO: std drops at step ~40, reward at ~90; Bandit-PPO: std bottoms at ~70).
+- ``entropy_collapse`` (``actor/entropy``): rollout entropy falls as the policy narrows to one
+  template.
+- ``response_length_collapse`` (``rollout/response_length_mean``): think length declines
+  (paper Fig. 11).
+- ``grad_norm_spike`` (``actor/grad_norm``): grad-norm spikes mark irreversible collapse (~170
+  Bandit, ~110 Sokoban, ~90 FrozenLake).
+- ``identical_responses`` (``rollout/identical_response_frac``): identical templated reasoning
+  across samples (paper Table 1; RAGEN issue #52: Sokoban output degenerates to "!!!!!").
+
+RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
+detector (digest §9 item 13). ``EchoTrapMonitor`` is that detector: feed it the metric dict of
+every iteration; it returns the signals that switched on at that step, and ``flags()`` gives
+``echo/<signal>`` 0/1 values to log next to the other metrics. It never changes training.
+
+The thresholds are heuristics (the paper gives curves, not detection rules); they are fields of the
+monitor so an experiment can tune them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Metric keys the monitor reads (defaults of the monitor's ``*_key`` fields). They follow the
+# project's namespaces (STYLE.md §2.4.12); the producer of each metric owns its definition.
+STD_KEY = "filter/std_all_mean"  # mean over all groups of the in-group reward std (before filtering)
+SUCCESS_KEY = "rollout/success"  # fraction of successful episodes in the iteration's rollouts
+ENTROPY_KEY = "actor/entropy"  # token-mean policy entropy, nats
+GRAD_NORM_KEY = "actor/grad_norm"  # global grad norm before clipping
+RESPONSE_LENGTH_KEY = "rollout/response_length_mean"  # mean sampled tokens per trajectory
+IDENTICAL_KEY = "rollout/identical_response_frac"  # see identical_response_fraction()
+
+STD_COLLAPSE = "std_collapse"
+ENTROPY_COLLAPSE = "entropy_collapse"
+GRAD_NORM_SPIKE = "grad_norm_spike"
+RESPONSE_LENGTH_COLLAPSE = "response_length_collapse"
+IDENTICAL_RESPONSES = "identical_responses"
+#: All signal names, in the order ``update`` evaluates them.
+SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES)
+#: Prefix of the 0/1 flag metrics returned by ``EchoTrapMonitor.flags``.
+FLAG_PREFIX = "echo/"
+
+
+def identical_response_fraction(responses: Sequence[str], group_ids: Sequence[int]) -> float:
+    """Return the fraction of prompt groups whose sampled responses are all identical.
+
+    Only groups with at least two members count (a single response is trivially "identical").
+    Responses are compared as exact strings, so this catches the paper's "identical templated
+    reasoning across samples" (Table 1) and degenerate outputs such as "!!!!!", not paraphrases.
+    In an env whose whole reply is a bare action (no reasoning) identical replies are expected
+    once the policy has converged; the signal is meant for runs with reasoning.
+
+    Args:
+        responses: ``(B,)`` decoded response texts (e.g. all turns of a trajectory joined).
+        group_ids: ``(B,)`` prompt-group id of each response.
+
+    Returns:
+        A fraction in [0, 1]; 0.0 when no group has two or more responses.
+
+    Raises:
+        ValueError: if the two sequences differ in length.
+    """
+    if len(responses) != len(group_ids):
+        raise ValueError(f"responses ({len(responses)}) and group_ids ({len(group_ids)}) differ in length")
+    groups: dict[int, list[str]] = {}
+    for text, g in zip(responses, group_ids):
+        groups.setdefault(int(g), []).append(text)
+    sized = [texts for texts in groups.values() if len(texts) >= 2]
+    if not sized:
+        return 0.0
+    return sum(len(set(texts)) == 1 for texts in sized) / len(sized)
+
+
+@dataclass(frozen=True)
+class EchoTrapSignal:
+    """One Echo-Trap warning that switched on at ``step``.
+
+    Attributes:
+        name: one of ``SIGNALS``.
+        step: the training iteration at which the condition became true.
+        value: the (EMA-smoothed, unless stated in ``message``) metric value that tripped it.
+        reference: what it was compared with (running max, early EMA, recent median, threshold).
+        message: one human-readable line, naming the metric, the numbers and the rule.
+    """
+
+    name: str
+    step: int
+    value: float
+    reference: float
+    message: str
+
+
+@dataclass
+class EchoTrapMonitor:
+    """Watch the per-iteration metrics for the Echo-Trap collapse pattern.
+
+    Call ``update(metrics, step)`` once per training iteration with the full metric dict. Missing
+    keys and non-finite values are skipped (that signal is simply not evaluated at that step),
+    except a non-finite grad norm, which counts as a spike. EMA-smoothed signals need ``window``
+    observations before they can fire (warm-up); ``identical_responses`` uses an absolute threshold
+    and can fire at once.
+
+    ``update`` returns only the signals that switched *on* at that step (one warning per episode of
+    trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all five.
+
+    Attributes:
+        window: warm-up length in observations for the EMA references, and the number of previous
+            grad norms whose median a new grad norm is compared with.
+        ema_alpha: EMA weight of the newest value (``ema = a*x + (1-a)*ema``); the paper plots
+            EMA-smoothed curves. 0.3 ≈ an effective memory of about three iterations.
+        std_collapse_frac: ``std_collapse`` fires when the EMA of ``std_key`` falls below this
+            fraction of its running max ...
+        std_success_rise: ... unless the success EMA has risen by at least this much since the step
+            of that max (reward std also drops when the task gets *solved*) ...
+        solved_success: ... or the success EMA is at least this high. Without a success metric only
+            the std rule applies.
+        entropy_collapse_frac: ``entropy_collapse`` fires when the entropy EMA falls below this
+            fraction of its early EMA (the EMA after ``window`` observations).
+        grad_norm_spike_k: ``grad_norm_spike`` fires when a raw grad norm exceeds this multiple of
+            the median of the previous ``window`` grad norms (or is non-finite).
+        response_length_frac: ``response_length_collapse`` fires when the response-length EMA falls
+            below this fraction of its early EMA.
+        identical_frac_threshold: ``identical_responses`` fires when the raw fraction of groups with
+            all-identical responses exceeds this value.
+        std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key: the
+            metric keys read (module constants ``*_KEY``).
+    """
+
+    window: int = 5
+    ema_alpha: float = 0.3
+    std_collapse_frac: float = 0.3
+    std_success_rise: float = 0.2
+    solved_success: float = 0.95
+    entropy_collapse_frac: float = 0.3
+    grad_norm_spike_k: float = 5.0
+    response_length_frac: float = 0.5
+    identical_frac_threshold: float = 0.5
+    std_key: str = STD_KEY
+    success_key: str = SUCCESS_KEY
+    entropy_key: str = ENTROPY_KEY
+    grad_norm_key: str = GRAD_NORM_KEY
+    response_length_key: str = RESPONSE_LENGTH_KEY
+    identical_key: str = IDENTICAL_KEY
+
+    _ema: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _early: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _std_max: float = field(default=0.0, init=False, repr=False)
+    _success_at_std_max: float | None = field(default=None, init=False, repr=False)
+    _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
+    _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"EchoTrapMonitor.window must be >= 1, got {self.window}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"EchoTrapMonitor.ema_alpha must be in (0, 1], got {self.ema_alpha}")
+        for name in ("std_collapse_frac", "entropy_collapse_frac", "response_length_frac"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"EchoTrapMonitor.{name} must be in (0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.identical_frac_threshold < 1.0:
+            raise ValueError(
+                f"EchoTrapMonitor.identical_frac_threshold must be in [0, 1), got {self.identical_frac_threshold}")
+        if self.grad_norm_spike_k <= 1.0:
+            raise ValueError(f"EchoTrapMonitor.grad_norm_spike_k must be > 1, got {self.grad_norm_spike_k}")
+        self._grad_norms = deque(maxlen=self.window)
+
+    @property
+    def active(self) -> dict[str, bool]:
+        """Return whether each signal's condition held at its last evaluation."""
+        return dict(self._active)
+
+    def flags(self) -> dict[str, float]:
+        """Return ``{"echo/<signal>": 0.0 | 1.0}`` for all signals, to log with the step's metrics."""
+        return {FLAG_PREFIX + name: float(on) for name, on in self._active.items()}
+
+    def update(self, metrics: Mapping[str, float], step: int) -> list[EchoTrapSignal]:
+        """Feed one iteration's metrics; return the signals that switched on at this step.
+
+        Args:
+            metrics: the iteration's metric dict (other keys are ignored).
+            step: the training iteration, copied into the returned signals.
+
+        Returns:
+            The newly active signals, in ``SIGNALS`` order (empty when nothing changed for the worse).
+        """
+        success = self._observe(metrics, self.success_key)
+        checks = (
+            self._check_std(metrics, success),
+            self._check_drop(metrics, ENTROPY_COLLAPSE, self.entropy_key, self.entropy_collapse_frac,
+                             "policy entropy", "the policy is narrowing to one template"),
+            self._check_grad_norm(metrics),
+            self._check_drop(metrics, RESPONSE_LENGTH_COLLAPSE, self.response_length_key, self.response_length_frac,
+                             "response length", "reasoning is shrinking (paper Fig. 11)"),
+            self._check_identical(metrics),
+        )
+        fired = []
+        for name, check in zip(SIGNALS, checks):
+            if check is None:  # metric missing this step: keep the previous state
+                continue
+            on, value, reference, message = check
+            if on and not self._active[name]:
+                fired.append(EchoTrapSignal(name, int(step), value, reference, f"[echo-trap] step {step}: {message}"))
+            self._active[name] = on
+        return fired
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _observe(self, metrics: Mapping[str, float], key: str) -> float | None:
+        """Update the EMA of ``key`` (and its early reference); return the EMA or None if absent."""
+        x = _finite(metrics.get(key))
+        if x is None:
+            return self._ema.get(key)
+        prev = self._ema.get(key)
+        ema = x if prev is None else self.ema_alpha * x + (1.0 - self.ema_alpha) * prev
+        self._ema[key] = ema
+        self._count[key] = self._count.get(key, 0) + 1
+        if self._count[key] == self.window:
+            self._early[key] = ema
+        return ema
+
+    def _check_std(self, metrics, success):
+        if _finite(metrics.get(self.std_key)) is None:
+            return None
+        ema = self._observe(metrics, self.std_key)
+        if ema > self._std_max:
+            self._std_max, self._success_at_std_max = ema, success
+        if self._count[self.std_key] < self.window or self._std_max <= 0.0:
+            return False, ema, self._std_max, ""
+        solved = success is not None and (
+            success >= self.solved_success
+            or (self._success_at_std_max is not None and success - self._success_at_std_max >= self.std_success_rise))
+        on = ema < self.std_collapse_frac * self._std_max and not solved
+        msg = (f"in-group reward std {self.std_key} (EMA {ema:.4g}) fell below {self.std_collapse_frac:g} x its "
+               f"running max {self._std_max:.4g} while success did not rise "
+               f"(EMA {_fmt(success)}, {_fmt(self._success_at_std_max)} at the max): the StarPO-S filter is "
+               "running out of informative groups; reward collapse usually follows (RAGEN Echo Trap).")
+        return on, ema, self._std_max, msg
+
+    def _check_drop(self, metrics, name, key, frac, what, meaning):
+        if _finite(metrics.get(key)) is None:
+            return None
+        ema = self._observe(metrics, key)
+        early = self._early.get(key)
+        if early is None or early <= 0.0:
+            return False, ema, float("nan") if early is None else early, ""
+        on = ema < frac * early
+        msg = f"{what} {key} (EMA {ema:.4g}) fell below {frac:g} x its early EMA {early:.4g}: {meaning}."
+        return on, ema, early, msg
+
+    def _check_grad_norm(self, metrics):
+        raw = metrics.get(self.grad_norm_key)
+        if raw is None:
+            return None
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            return None
+        recent = self._grad_norms
+        median = float(np.median(recent)) if len(recent) == self.window else float("nan")
+        if not math.isfinite(value):
+            return True, value, median, (f"{self.grad_norm_key} is {value}: the update blew up "
+                                         "(RAGEN: grad-norm spikes mark irreversible collapse).")
+        recent.append(value)
+        if math.isnan(median) or median <= 0.0:
+            return False, value, median, ""
+        on = value > self.grad_norm_spike_k * median
+        msg = (f"{self.grad_norm_key} = {value:.4g} is more than {self.grad_norm_spike_k:g} x the median "
+               f"{median:.4g} of the previous {self.window}: RAGEN saw such spikes at irreversible collapse.")
+        return on, value, median, msg
+
+    def _check_identical(self, metrics):
+        value = _finite(metrics.get(self.identical_key))
+        if value is None:
+            return None
+        on = value > self.identical_frac_threshold
+        msg = (f"{self.identical_key} = {value:.3g} > {self.identical_frac_threshold:g}: most prompt groups sampled "
+               "identical responses (templated reasoning, paper Table 1).")
+        return on, value, self.identical_frac_threshold, msg
+
+
+def _finite(x: object) -> float | None:
+    """Return ``float(x)`` if it is a finite number, else None."""
+    if x is None:
+        return None
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"

@@ -1,0 +1,59 @@
+"""StarPO on a real local Ray + RLlib stack with a tiny random model and the HF engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragen_rllib.trajectory.schema import Col
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
+    from ragen_rllib.models import resolve_model
+
+    try:
+        smol = resolve_model("smollm2-135m-instruct")
+    except FileNotFoundError as e:
+        pytest.skip(f"embedded model not prepared ({e}); run `make model`")
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"), smol, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("preset,adv", [("starpo_s", "gae"), ("starpo", "grpo")])
+def test_training_steps_run_and_write_arrow(tiny_dir, ray_local, tmp_path, preset, adv) -> None:
+    from ragen_rllib.algorithms.starpo.config import StarPOConfig
+    from ragen_rllib.algorithms.starpo.params import PRESETS
+    from ragen_rllib.trajectory import TrajectoryStore
+
+    params = PRESETS[preset](model=str(tiny_dir), engine="hf", env="sokoban", env_groups=4, group_size=2,
+                             max_turns=2, response_length=8, adv_estimator=adv, critic_type="value_head",
+                             test_freq=2, val_groups=2, ppo_mini_batch_size=8, actor_lr=1e-4)
+    algo = (StarPOConfig().training(starpo=params).storage(run_dir=str(tmp_path), run_name="t")
+            .debugging(seed=0).build_algo())
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    r = results[-1]
+    assert r["policy_version"] == 2.0
+    for key in ("rollout/success", "filter/std_all_mean", "time/sample", "time/update", "time/sync",
+                "val/sokoban/success"):
+        assert key in results[0] or key in r, key
+    table = TrajectoryStore(tmp_path, "t").read()
+    assert table.num_rows == 2 * 4 * 2
+    assert set(table[Col.POLICY_VERSION].to_pylist()) == {0, 1}
+    kept = table.filter(table[Col.ITERATION].to_numpy() == 0)[Col.KEPT].to_pylist()
+    assert None not in kept
+    expected_groups = 1 if preset == "starpo_s" else 4  # floor(0.25 * 4) = 1 group kept vs keep-all
+    assert sum(kept) == expected_groups * 2
