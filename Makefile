@@ -27,9 +27,9 @@ prompts: model
 bench-rollout: model
 	@$(PY) benchmarks/rollout.py
 
-# Default tiers: unit + integration + vllm (CPU). gpu and learning tiers are opt-in.
+# Default tiers: unit + integration + vllm (CPU) + learning (tiny model). gpu is opt-in.
 test: model
-	@$(PY) -m pytest -m "not gpu and not learning" $(PYTEST_ARGS)
+	@$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-unit: setup
 	@$(PY) -m pytest -m unit $(PYTEST_ARGS)

@@ -81,17 +81,23 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def sample(self, *, groups: Sequence[tuple[int, int]] = (), group_size: int = 1, env: str | None = None,
                temperature: float | None = None, run_id: str = "", iteration: int = 0, sampling_seed: int = 0,
-               **kwargs: Any) -> dict[str, Any]:
+               demo: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Roll out ``groups`` ([(group_id, initial_seed)]) with ``group_size`` samples each.
 
         Returns:
             ``{"rows": [trajectory dicts keyed by Col], "stats": {...seconds and token counts}}``.
+            With ``demo`` ("random-valid" | "expert") the replies are demonstrations (warm-up).
         """
         p = self.params
         loop = self._loop(env or p.env, p.temperature if temperature is None else temperature, p.max_turns)
         loop.spec = type(loop.spec)(**{**loop.spec.__dict__, "group_size": group_size})
         t0 = time.perf_counter()
-        res = loop.run(list(groups), run_id=run_id, iteration=iteration, sampling_seed=sampling_seed)
+        demo_fn = None
+        if demo is not None:
+            from ragen_rllib.envs.demos import make_demo_fn
+
+            demo_fn = make_demo_fn(demo, sampling_seed, p.enable_think, p.max_actions_per_turn)
+        res = loop.run(list(groups), run_id=run_id, iteration=iteration, sampling_seed=sampling_seed, demo_fn=demo_fn)
         if any(r["policy_version"] != self.policy_version for r in res.rows):
             raise RuntimeError(f"env runner {self.worker_index}: rows stamped with a stale policy version")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, res.stats.num_turns, reduce="sum")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from ragen_rllib.envs import TextEnv, make_env
 from ragen_rllib.prompting import PromptConfig, Turn, build_messages, execute_reply, fit_context
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.env_runners.chat_tokens import ChatTokens
-from ragen_rllib.env_runners.engine import Engine, SamplingParams
+from ragen_rllib.env_runners.engine import Engine, Generation, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,15 @@ class RolloutLoop:
 
     # ------------------------------------------------------------------ public
     def run(self, groups: Sequence[tuple[int, int]], *, run_id: str = "", iteration: int = 0,
-            sampling_seed: int = 0) -> RolloutResult:
+            sampling_seed: int = 0, demo_fn: Callable[[TextEnv], str] | None = None) -> RolloutResult:
         """Roll out every (group_id, initial_seed) group with ``spec.group_size`` samples.
 
         Args:
             groups: ``[(group_id, initial_seed), ...]``: P groups.
             run_id / iteration: stamped on every row.
             sampling_seed: base seed for the engine (turn t uses ``sampling_seed + 1000 * t``).
+            demo_fn: demonstration mode (supervised warm-up): replies come from ``demo_fn(env)``
+                (text after the forced prefix), tokenised, + EOS, log-probs 0; the engine is not called.
 
         Returns:
             rows (one dict per trajectory, keyed by ``Col`` names; P*N rows, group-major) and stats.
@@ -170,7 +172,7 @@ class RolloutLoop:
                 break
             params = replace(self.spec.sampling, seed=sampling_seed + 1000 * t)
             t0 = time.perf_counter()
-            gens = self.engine.generate(prompts, params)
+            gens = self.engine.generate(prompts, params) if demo_fn is None else self._demo(active, demo_fn)
             stats.generate_s += time.perf_counter() - t0
             stats.num_generate_calls += 1
             stats.prompt_tokens += sum(len(p) for p in prompts)
@@ -189,6 +191,14 @@ class RolloutLoop:
         return RolloutResult(rows=rows, stats=stats)
 
     # ----------------------------------------------------------------- helpers
+    def _demo(self, active: list[_Episode], demo_fn: Callable[[TextEnv], str]) -> list[Generation]:
+        eos = list(self.stop_ids[:1])
+        out = []
+        for ep in active:
+            ids = self.chat.encode(demo_fn(ep.env)) + eos
+            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+        return out
+
     def _start(self, group_id: int, initial_seed: int, sample_idx: int) -> _Episode:
         spec = self.spec
         env = make_env(spec.env_name, variant=spec.env_variant, **dict(spec.env_config))

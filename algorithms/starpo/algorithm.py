@@ -114,10 +114,10 @@ class StarPO(Algorithm):
         return rows_to_table(rows), stats
 
     def _sample(self, groups: list[tuple[int, int]], group_size: int, env: str, temperature: float, iteration: int,
-                sampling_seed: int) -> tuple[list[dict], dict[str, float]]:
+                sampling_seed: int, demo: str | None = None) -> tuple[list[dict], dict[str, float]]:
         """Split groups across env runners, roll out, merge rows by (group_id, sample_idx)."""
         kw = dict(group_size=group_size, env=env, temperature=temperature, run_id=self.store.run_id,
-                  iteration=iteration, sampling_seed=sampling_seed)
+                  iteration=iteration, sampling_seed=sampling_seed, demo=demo)
         n = self.env_runner_group.num_remote_env_runners()
         if n == 0:
             outs = [self.env_runner.sample(groups=groups, **kw)]
@@ -196,6 +196,39 @@ class StarPO(Algorithm):
                                                      local_env_runner=False)
         return time.perf_counter() - t0
 
+    # ------------------------------------------------------------- warm-up
+    def warmup(self, steps: int, kind: str = "random-valid", groups: int = 4, group_size: int = 4,
+               log: Any = None) -> list[dict[str, float]]:
+        """Supervised stage before RL: cross-entropy on env-generated demonstrations.
+
+        ``random-valid`` teaches the answer format (random valid actions); ``expert`` (BFS plans,
+        shortest paths, solutions, the high arm) reproduces the paper's SFT baseline. Uses the
+        same Learner and the same token-exact chat assembly as RL; ends with a weight sync.
+
+        Returns:
+            per-step metrics (``sft/loss``, ``time/warmup_step``).
+        """
+        p = self.config.starpo
+        history = []
+        for s in range(steps):
+            t0 = time.perf_counter()
+            grp = [(-(s * groups + g + 1), p.seed + 10**7 + s * groups + g) for g in range(groups)]
+            rows, _ = self._sample(grp, group_size, p.env, p.temperature, iteration=0, sampling_seed=p.seed + s,
+                                   demo=kind)
+            t = to_padded_tensors(rows_to_table(rows))
+            n = t[Col.TOKEN_IDS].shape[0]
+            batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
+                     "loss_mask": t[Col.LOSS_MASK].numpy(), "sft": np.ones(n, dtype=np.float32)}
+            res = self.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n),
+                                            minibatch_size=n, num_epochs=1)
+            m = {k: v for k, v in _flatten_learner_results(res).items() if "sft" in k or "norm" in k}
+            m["time/warmup_step"] = time.perf_counter() - t0
+            history.append(m)
+            if log is not None:
+                log(f"[warm-up {s + 1}/{steps}] " + " ".join(f"{k}={v:.4g}" for k, v in m.items()))
+        self._sync_weights()
+        return history
+
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """Fixed initial states (``val_seed``..), ``val_group_size`` samples each, at ``val_temperature``.
@@ -259,8 +292,12 @@ def _pad_token_turn(table: Any, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
+    from ragen_rllib.tracking.echo_trap import identical_response_fraction
+
     s = summarize(table)
     m = {f"rollout/{k}": v for k, v in s.items()}
+    replies = ["\x1e".join(r) for r in table[Col.TURN_RESPONSES].to_pylist()]
+    m["rollout/identical_response_frac"] = identical_response_fraction(replies, table[Col.GROUP_ID].to_pylist())
     m["rollout/response_length_mean"] = s["tokens_per_turn"]
     m["rollout/tokens_per_s"] = stats["sampled_tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
     m["time/generate"] = stats["generate_s"]
@@ -284,4 +321,8 @@ def _flatten_learner_results(results: Any) -> dict[str, float]:
                 pass
 
     walk("", first.get(DEFAULT_MODULE_ID, {}) if isinstance(first, dict) else {})
+    if "gradients_actor_global_norm" in out:  # RLlib's pre-clip global norm of the actor optimizer
+        out["actor/grad_norm"] = out["gradients_actor_global_norm"]
+    if "gradients_critic_global_norm" in out:
+        out["critic/grad_norm"] = out["gradients_critic_global_norm"]
     return {(k if "/" in k and k.split("/")[0] in ("actor", "critic") else f"learner/{k}"): v for k, v in out.items()}

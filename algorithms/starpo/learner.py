@@ -99,6 +99,10 @@ class StarPOLearner(TorchLearner):
         p = config.starpo
         mask = batch["loss_mask"].float()
         logp = fwd_out["logp"]
+        if "sft" in batch:  # supervised warm-up: cross-entropy on the demonstration tokens
+            loss = -S.aggregate_loss(logp, mask, "token-mean")
+            self.metrics.log_value((module_id, "sft/loss"), float(loss.detach()), window=1)
+            return loss
         old_logp = batch["old_logp"] if p.old_logp_source == "recompute" else batch["sample_logprobs"]
         pg_loss, metrics = S.policy_loss(logp, old_logp, batch["advantages"], mask, clip_ratio_low=p.clip_ratio_low,
                                          clip_ratio_high=p.clip_ratio_high, clip_ratio_c=p.clip_ratio_c,
