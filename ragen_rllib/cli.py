@@ -217,6 +217,35 @@ def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
+    from ragen_rllib.algorithms.starpo.train import load_experiment, train
+
+    try:
+        cfg = load_experiment(args.config, profile=args.profile, overrides=args.set or [])
+        if args.run_name:
+            cfg["run_name"] = args.run_name
+        from ragen_rllib.algorithms.starpo.train import build_params
+
+        build_params(cfg)  # validate before anything starts
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}") from None
+    res = train(cfg, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True))
+    print(f"checkpoint: {res['checkpoint']}\nhf model: {res['hf_model']}\nmlflow run: {res['mlflow_run_id']}", file=out)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    from ragen_rllib.algorithms.starpo.train import evaluate
+
+    overrides = _parse_overrides(args.set or [])
+    try:
+        evaluate(args.checkpoint, envs=[e for s in (args.env or []) for e in s.split(",") if e] or None,
+                 engine=args.engine, overrides=overrides, log=lambda m: print(m, file=out, flush=True))
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ragen-rllib", description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -260,6 +289,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-context-tokens", type=int, default=3600)
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="env config override (repeatable)")
 
+    sp = sub.add_parser("train", help="train StarPO / StarPO-S from an experiment YAML")
+    sp.add_argument("--config", required=True, help="experiments/<file>.yaml")
+    sp.add_argument("--profile", default=None, help="named profile in the file, e.g. cpu")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. starpo.actor_lr=2e-5")
+    sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the run folder)")
+    sp.add_argument("--run-name", default=None)
+
+    sp = sub.add_parser("eval", help="evaluate a trained model with its run's validation protocol")
+    sp.add_argument("--checkpoint", required=True, help="run folder, or its hf_model folder")
+    sp.add_argument("--env", action="append", help="env[:variant]; default: the run's validation envs")
+    sp.add_argument("--engine", default=None, choices=["vllm", "hf"])
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="protocol override, e.g. val_groups=128, val_temperature=0")
+
     sp = sub.add_parser("trajectories", help="inspect stored trajectories")
     tsub = sp.add_subparsers(dest="traj_cmd", required=True)
     ts = tsub.add_parser("show", help="render stored episodes readably")
@@ -301,6 +344,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: Text
         return cmd_rollout(args, out)
     if args.cmd == "trajectories":
         return cmd_trajectories(args, out)
+    if args.cmd == "train":
+        return cmd_train(args, out)
+    if args.cmd == "eval":
+        return cmd_eval(args, out)
     raise AssertionError(f"unhandled command {args.cmd!r}")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 import json
 import signal
 import sys
@@ -106,7 +107,8 @@ def flat_metrics(result: Mapping[str, Any]) -> dict[str, float]:
             for k, v in d.items():
                 walk(f"{prefix}{k}" if not prefix else f"{prefix}/{k}", v)
         elif isinstance(d, (int, float)) and not isinstance(d, bool):
-            out[prefix] = float(d)
+            if math.isfinite(float(d)):  # RLlib reports keys not logged this iteration (e.g. val/) as NaN
+                out[prefix] = float(d)
 
     for k, v in result.items():
         if isinstance(k, str) and k.split("/")[0] in ("rollout", "filter", "actor", "critic", "time", "val", "learner",
@@ -142,6 +144,12 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
     tracker.log_params({"starpo": params, "iterations": iterations, "rllib": cfg.get("rllib") or {},
                         "profile": cfg.get("profile") or "default", "source": cfg.get("source", "")})
     tracker.log_dict(json.loads(json.dumps(cfg, default=str)), "config/resolved.json")
+    warm = cfg.get("warmup") or {}
+    if warm.get("steps"):
+        log(f"[warm-up] {warm['steps']} supervised steps on {warm.get('kind', 'random-valid')} demonstrations")
+        for s, m in enumerate(algo.warmup(int(warm["steps"]), warm.get("kind", "random-valid"),
+                                          groups=int(warm.get("groups", 4)), group_size=int(warm.get("group_size", 4)))):
+            tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
     monitor = EchoTrapMonitor()
     history: list[dict[str, float]] = []
     stop = {"flag": False}
@@ -171,10 +179,15 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         tracker.log_metrics(final_val, step=len(history))
         if final_val:
             log(" ".join(f"{k}={v:.3f}" for k, v in final_val.items()))
-        ckpt = algo.save(str(run_dir / run_name / "checkpoint")).checkpoint.path
+        ckpt = algo.save(str((run_dir / run_name / "checkpoint").resolve())).checkpoint.path
         hf_dir = export_hf(algo, run_dir / run_name / "hf_model")
+        (hf_dir / EVAL_PROTOCOL_FILE).write_text(json.dumps(eval_protocol(params), indent=2))
         tracker.set_tags({"checkpoint": str(ckpt), "hf_model": str(hf_dir)})
         _log_curves(tracker, history, run_dir / run_name)
+        _print_summary(history, final_val, log)
+        log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
+            f"{tracking_uri or tr.get('tracking_uri') or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
+            f"trajectories: {algo.store.directory}; model: {hf_dir}")
         return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
                 "hf_model": str(hf_dir), "final": final_val, "history": history}
     except BaseException:
@@ -217,3 +230,86 @@ def _log_curves(tracker: Any, history: list[dict[str, float]], out_dir: Path) ->
     png = plot_curves(history, keys, out_dir / "learning_curves.png", title=out_dir.name)
     if png is not None:
         tracker.log_artifact(str(png))
+
+
+EVAL_PROTOCOL_FILE = "ragen_eval_protocol.json"
+
+
+def eval_protocol(p: StarPOParams) -> dict[str, Any]:
+    """The validation protocol of a run, saved next to its exported model so ``eval`` repeats it."""
+    return {"val_envs": list(p.val_envs or (p.env,)), "val_groups": p.val_groups, "val_group_size": p.val_group_size,
+            "val_temperature": p.val_temperature, "val_seed": p.val_seed, "enable_think": p.enable_think,
+            "response_length": p.response_length, "max_turns": p.max_turns, "engine": p.engine,
+            "max_context_tokens": p.max_context_tokens, "max_actions_per_turn": p.max_actions_per_turn,
+            "format_penalty": p.format_penalty, "env_config": dict(p.env_config)}
+
+
+def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: str | None = None,
+             overrides: Mapping[str, Any] | None = None, log: Callable[[str], None] = print) -> dict[str, float]:
+    """Evaluate an exported model with its run's validation protocol (or ``overrides``).
+
+    Returns ``{<env>/success, <env>/success_ci95, <env>/pass@k, <env>/well_formed_rate}``.
+    """
+    import numpy as np
+
+    from ragen_rllib.algorithms.starpo.algorithm import pass_at_k, success_ci95
+    from ragen_rllib.env_runners.engine import SamplingParams
+    from ragen_rllib.env_runners.rollout_job import make_engine
+    from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+    from ragen_rllib.models.loading import load_tokenizer
+    from ragen_rllib.prompting import PromptConfig
+    from ragen_rllib.trajectory import rows_to_table
+    from ragen_rllib.trajectory.schema import Col
+    from ragen_rllib.trajectory.summary import summarize
+
+    model_dir = Path(model_dir)
+    if (model_dir / "hf_model").is_dir():  # a run folder or checkpoint parent
+        model_dir = model_dir / "hf_model"
+    f = model_dir / EVAL_PROTOCOL_FILE
+    proto = json.loads(f.read_text()) if f.is_file() else eval_protocol(StarPOParams())
+    proto.update(dict(overrides or {}))
+    tok = load_tokenizer(str(model_dir))
+    eng = make_engine(engine or proto["engine"], str(model_dir), seed=proto["val_seed"],
+                      max_model_len=proto["max_context_tokens"] + proto["response_length"])
+    out: dict[str, float] = {}
+    try:
+        for env in envs or proto["val_envs"]:
+            name, _, variant = env.partition(":")
+            spec = RolloutSpec(env_name=name, env_variant=variant or None, env_config=proto["env_config"],
+                               group_size=proto["val_group_size"], max_turns=proto["max_turns"],
+                               prompt=PromptConfig(enable_think=proto["enable_think"],
+                                                   max_actions_per_turn=proto["max_actions_per_turn"],
+                                                   format_penalty=proto["format_penalty"],
+                                                   max_context_tokens=proto["max_context_tokens"]),
+                               sampling=SamplingParams(max_new_tokens=proto["response_length"],
+                                                       temperature=proto["val_temperature"]))
+            groups = [(10**9 + g, proto["val_seed"] + g) for g in range(proto["val_groups"])]
+            rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"]).rows
+            mean, half = success_ci95(np.array([r[Col.SUCCESS] for r in rows], dtype=float))
+            per_state: dict[int, list[bool]] = {}
+            for r in rows:
+                per_state.setdefault(r[Col.GROUP_ID], []).append(bool(r[Col.SUCCESS]))
+            k = proto["val_group_size"]
+            out.update({f"{env}/success": mean, f"{env}/success_ci95": half,
+                        f"{env}/pass@{k}": pass_at_k(list(per_state.values()), k),
+                        f"{env}/well_formed_rate": summarize(rows_to_table(rows))["well_formed_rate"]})
+            log(f"{env}: success {mean:.3f} ± {half:.3f} (95% CI, {len(rows)} episodes), pass@{k} "
+                f"{out[f'{env}/pass@{k}']:.3f}, well-formed {out[f'{env}/well_formed_rate']:.3f}")
+    finally:
+        close = getattr(eng, "close", None)
+        if callable(close):
+            close()
+    return out
+
+
+def _print_summary(history: list[dict[str, float]], final_val: Mapping[str, float], log: Callable[[str], None]) -> None:
+    if not history:
+        return
+    keys = [k for k in ("rollout/success", "rollout/return_mean", "rollout/well_formed_rate", "filter/std_all_mean",
+                        "filter/zero_std_frac", "actor/entropy", "actor/grad_norm", "rollout/response_length_mean",
+                        "time/iteration") if k in history[-1]]
+    log(f"{'metric':<32} {'first':>10} {'last':>10}")
+    for k in keys:
+        log(f"{k:<32} {history[0].get(k, float('nan')):>10.4g} {history[-1].get(k, float('nan')):>10.4g}")
+    for k, v in final_val.items():
+        log(f"{'final ' + k:<32} {'':>10} {v:>10.4g}")

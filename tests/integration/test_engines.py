@@ -458,3 +458,16 @@ def test_vllm_large_seeded_batch_does_not_crash(vllm_tiny) -> None:
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(300)] for i in range(40)]
     gens = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=123))
     assert len(gens) == 40 and all(1 <= len(g.token_ids) <= 4 for g in gens)
+
+
+@pytest.mark.vllm
+def test_vllm_identical_prompts_share_one_request(vllm_tiny, hf_tiny) -> None:
+    """N identical prompts (a group's first turn) are one vLLM request with n samples: results stay
+    per prompt, in order, raw log-probs still match HF, and samples differ at temperature 1."""
+    prompts = [TINY_PROMPTS[0]] * 6 + [TINY_PROMPTS[1]] * 2
+    gens = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=8, temperature=1.0, seed=5))
+    assert len(gens) == 8
+    assert len({tuple(g.token_ids) for g in gens[:6]}) > 1
+    assert float(logprob_diffs(hf_tiny.model, prompts, gens).max()) < VLLM_LOGPROB_MAX_ATOL
+    greedy = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert all(g.token_ids == greedy[0].token_ids for g in greedy[:6])
