@@ -163,7 +163,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             m = flat_metrics(result)
             m["time/iteration"] = time.perf_counter() - t0
             for sig in monitor.update(m, step=i):
-                log(f"[echo-trap] iteration {i}: {sig.message}")
+                log(sig.message)
             m.update(monitor.flags())
             tracker.log_metrics(m, step=i)
             history.append(m)
