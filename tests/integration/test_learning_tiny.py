@@ -15,32 +15,11 @@ import pytest
 pytestmark = pytest.mark.learning
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
-    from ragen_rllib.models import resolve_model
-
-    try:
-        smol = resolve_model("smollm2-135m-instruct")
-    except FileNotFoundError as e:
-        pytest.skip(f"embedded model not prepared ({e}); run `make model`")
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"), smol, seed=0)
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def _algo(tiny_dir: Path, tmp_path: Path, preset: str, **kw):
+def _algo(tiny_model_dir: Path, tmp_path: Path, preset: str, **kw):
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
 
-    base = dict(model=str(tiny_dir), engine="hf", env="bandit", env_groups=8, group_size=8, response_length=8,
+    base = dict(model=str(tiny_model_dir), engine="hf", env="bandit", env_groups=8, group_size=8, response_length=8,
                 enable_think=False, critic_type="value_head", test_freq=0, actor_lr=1e-3, critic_lr=1e-3,
                 ppo_mini_batch_size=64, val_groups=16, val_group_size=4)
     params = PRESETS[preset](**{**base, **kw})
@@ -48,8 +27,8 @@ def _algo(tiny_dir: Path, tmp_path: Path, preset: str, **kw):
             .debugging(seed=0).build_algo())
 
 
-def test_starpo_s_learns_bandit(tiny_dir, ray_local, tmp_path) -> None:
-    algo = _algo(tiny_dir, tmp_path, "starpo_s")
+def test_starpo_s_learns_bandit(tiny_model_dir, ray_local, tmp_path) -> None:
+    algo = _algo(tiny_model_dir, tmp_path, "starpo_s")
     try:
         algo.warmup(30, "random-valid", groups=4, group_size=4)
         before = algo.validate()["val/bandit/success"]
@@ -64,8 +43,8 @@ def test_starpo_s_learns_bandit(tiny_dir, ray_local, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("preset,kw", [("starpo", {}), ("starpo_s", {"adv_estimator": "grpo"})])
-def test_vanilla_and_grpo_variants_run(tiny_dir, ray_local, tmp_path, preset, kw) -> None:
-    algo = _algo(tiny_dir, tmp_path, preset, **kw)
+def test_vanilla_and_grpo_variants_run(tiny_model_dir, ray_local, tmp_path, preset, kw) -> None:
+    algo = _algo(tiny_model_dir, tmp_path, preset, **kw)
     try:
         algo.warmup(5, "random-valid", groups=2, group_size=4)
         results = [algo.train() for _ in range(2)]

@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ragen_rllib.trajectory.schema import Col
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
-    from ragen_rllib.models import resolve_model
-
-    try:
-        smol = resolve_model("smollm2-135m-instruct")
-    except FileNotFoundError as e:
-        pytest.skip(f"embedded model not prepared ({e}); run `make model`")
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"), smol, seed=0)
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.mark.parametrize("preset,adv", [("starpo_s", "gae"), ("starpo", "grpo")])
-def test_training_steps_run_and_write_arrow(tiny_dir, ray_local, tmp_path, preset, adv) -> None:
+@pytest.mark.parametrize("preset,adv,critic", [("starpo_s", "gae", "value_head"), ("starpo_s", "gae", "separate"),
+                                               ("starpo", "grpo", "value_head")])
+def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path, preset, adv, critic) -> None:
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
     from ragen_rllib.trajectory import TrajectoryStore
 
-    params = PRESETS[preset](model=str(tiny_dir), engine="hf", env="sokoban", env_groups=4, group_size=2,
-                             max_turns=2, response_length=8, adv_estimator=adv, critic_type="value_head",
+    params = PRESETS[preset](model=str(tiny_model_dir), engine="hf", env="sokoban", env_groups=4, group_size=2,
+                             max_turns=2, response_length=8, adv_estimator=adv, critic_type=critic,
                              test_freq=2, val_groups=2, ppo_mini_batch_size=8, actor_lr=1e-4)
     algo = (StarPOConfig().training(starpo=params).storage(run_dir=str(tmp_path), run_name="t")
             .debugging(seed=0).build_algo())
@@ -57,3 +35,5 @@ def test_training_steps_run_and_write_arrow(tiny_dir, ray_local, tmp_path, prese
     assert None not in kept
     expected_groups = 1 if preset == "starpo_s" else 4  # floor(0.25 * 4) = 1 group kept vs keep-all
     assert sum(kept) == expected_groups * 2
+    if adv == "gae":  # the critic trains: value loss and explained variance are logged
+        assert any(k.startswith("critic/vf_loss") for k in r), sorted(r)[:40]

@@ -7,28 +7,15 @@ import io
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from ragen_rllib.env_runners.tiny_model import build_tiny_model_dir
-    from ragen_rllib.models import resolve_model
-
-    try:
-        smol = resolve_model("smollm2-135m-instruct")
-    except FileNotFoundError as e:
-        pytest.skip(f"embedded model not prepared ({e}); run `make model`")
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"), smol, seed=0)
-
-
-def test_train_then_eval(tiny_dir, tmp_path) -> None:
+def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     cfg = {"preset": "starpo_s", "iterations": 2, "run_dir": str(tmp_path / "runs"),
            "warmup": {"steps": 3, "kind": "random-valid", "groups": 2, "group_size": 2},
-           "starpo": {"model": str(tiny_dir), "engine": "hf", "env": "bandit", "env_groups": 4, "group_size": 2,
+           "starpo": {"model": str(tiny_model_dir), "engine": "hf", "env": "bandit", "env_groups": 4, "group_size": 2,
                       "response_length": 6, "enable_think": False, "critic_type": "value_head", "test_freq": 1,
                       "val_groups": 8, "val_group_size": 2, "actor_lr": 1.0e-4},
            "tracking": {"experiment": "test-train"}}
