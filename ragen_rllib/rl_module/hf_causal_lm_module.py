@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
@@ -127,4 +126,4 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         return {k: v for k, v in self.lm.state_dict().items()}
 
 
-__all__ = ["HFCausalLMModule", "POLICY_PREFIX", "Columns"]
+__all__ = ["HFCausalLMModule", "POLICY_PREFIX"]
