@@ -156,7 +156,12 @@ class StarPO(Algorithm):
             rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
             metrics.update(kl_metrics)
         values = torch.as_tensor(extra["old_values"])
-        if p.adv_estimator == "gae":
+        if p.adv_estimator == "gae" and p.bi_level_gae:
+            adv, returns = S.compute_turn_level_gae(rewards, values, mask, token_turn, p.gamma, p.lam,
+                                                    turn_gamma=p.high_level_gamma, turn_lam=p.lam)
+            if p.whiten_advantages:
+                adv = masked_whiten(adv, mask) * mask
+        elif p.adv_estimator == "gae":
             adv, returns = S.compute_gae(rewards, values, mask, p.gamma, p.lam)
             if p.whiten_advantages:
                 adv = masked_whiten(adv, mask) * mask

@@ -59,6 +59,8 @@ class StarPOParams:
     grpo_norm_std: bool = False  # divide by in-group std (textbook GRPO; fails on stochastic rewards)
     grpo_scope: str = "group"  # "group" (per initial state, RAGEN code) or "batch" (paper eq.)
     use_turn_scores: bool = False  # each turn's reward on its last token (else the return on the last token)
+    bi_level_gae: bool = False  # GAE only: turn-level GAE over turn ends, then token-level GAE inside turns
+    high_level_gamma: float = 0.95  # bi-level GAE: discount between turns (RAGEN high_level_gamma)
     whiten_advantages: bool = True  # GAE: masked batch whitening (RAGEN/veRL)
     # --- policy loss
     clip_ratio_low: float = 0.2
@@ -108,7 +110,9 @@ class StarPOParams:
             raise bad("clip_ratio_high", "must be >= 0")
         if self.clip_ratio_c <= 1.0:
             raise bad("clip_ratio_c", "must be > 1 (dual clip)")
-        for name in ("gamma", "lam"):
+        if self.bi_level_gae and self.adv_estimator != "gae":
+            raise bad("bi_level_gae", "needs adv_estimator='gae' (it is a critic-based estimator)")
+        for name in ("gamma", "lam", "high_level_gamma"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise bad(name, "must be in [0, 1]")
         for name in ("actor_lr", "critic_lr", "temperature", "val_temperature"):

@@ -7,16 +7,17 @@ import pytest
 from ragen_rllib.trajectory.schema import Col
 
 
-@pytest.mark.parametrize("preset,adv,critic", [("starpo_s", "gae", "value_head"), ("starpo_s", "gae", "separate"),
-                                               ("starpo", "grpo", "value_head")])
-def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path, preset, adv, critic) -> None:
+@pytest.mark.parametrize("preset,adv,critic,extra", [
+    ("starpo_s", "gae", "value_head", {}), ("starpo_s", "gae", "separate", {}), ("starpo", "grpo", "value_head", {}),
+    ("starpo_s", "gae", "value_head", {"bi_level_gae": True, "use_turn_scores": True})])
+def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path, preset, adv, critic, extra) -> None:
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
     from ragen_rllib.trajectory import TrajectoryStore
 
     params = PRESETS[preset](model=str(tiny_model_dir), engine="hf", env="sokoban", env_groups=4, group_size=2,
                              max_turns=2, response_length=8, adv_estimator=adv, critic_type=critic,
-                             test_freq=2, val_groups=2, ppo_mini_batch_size=8, actor_lr=1e-4)
+                             test_freq=2, val_groups=2, ppo_mini_batch_size=8, actor_lr=1e-4, **extra)
     algo = (StarPOConfig().training(starpo=params).storage(run_dir=str(tmp_path), run_name="t")
             .debugging(seed=0).build_algo())
     try:

@@ -50,7 +50,7 @@ def test_presets_match_ragen() -> None:
 @pytest.mark.parametrize("field,value", [("rollout_filter_ratio", 0.0), ("rollout_filter_ratio", 1.5),
                                          ("clip_ratio_low", 1.0), ("adv_estimator", "a2c"), ("gamma", 1.1),
                                          ("env_groups", 0), ("kl_coef", 0.1), ("loss_agg_mode", "sum"),
-                                         ("actor_lr", 0.0), ("format_penalty", 0.5)])
+                                         ("actor_lr", 0.0), ("format_penalty", 0.5), ("high_level_gamma", 2.0)])
 def test_validation_names_field_and_value(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"StarPOParams\.{field} .*{value!r}"):
         StarPOParams().replace(**{field: value})
@@ -59,3 +59,8 @@ def test_validation_names_field_and_value(field: str, value: object) -> None:
 def test_unknown_field_is_rejected() -> None:
     with pytest.raises(TypeError, match="clip_ratio_hi"):
         StarPOParams().replace(clip_ratio_hi=0.3)
+
+
+def test_bi_level_gae_needs_the_critic() -> None:
+    with pytest.raises(ValueError, match="bi_level_gae"):
+        StarPOParams().replace(adv_estimator="grpo", bi_level_gae=True)
