@@ -18,6 +18,15 @@ from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 
+def as_id_list(value: object) -> list[int]:
+    """Return a token-id setting (None, an int, or a list of ints, as in HF configs) as a list of ints."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings for one ``generate`` call.

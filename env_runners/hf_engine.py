@@ -17,19 +17,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from ragen_rllib.env_runners.engine import Generation, SamplingParams
+from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_list
 
 if TYPE_CHECKING:
     import torch
-
-
-def _as_id_list(value: Any) -> list[int]:
-    """Return ``value`` (None, an int or a list of ints) as a list of ints."""
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value if v is not None]
-    return [int(value)]
 
 
 def filter_logits(logits: "torch.Tensor", temperature: float, top_p: float, top_k: int) -> "torch.Tensor":
@@ -126,11 +117,11 @@ class HFEngine:
 
         eos: list[int] = []
         if tokenizer is not None:
-            eos += _as_id_list(getattr(tokenizer, "eos_token_id", None))
+            eos += as_id_list(getattr(tokenizer, "eos_token_id", None))
         gen_cfg = getattr(model, "generation_config", None)
         if gen_cfg is not None:
-            eos += _as_id_list(gen_cfg.eos_token_id)
-        eos += _as_id_list(getattr(model.config, "eos_token_id", None))
+            eos += as_id_list(gen_cfg.eos_token_id)
+        eos += as_id_list(getattr(model.config, "eos_token_id", None))
         self._eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))  # ordered, unique
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self._pad_id: int = int(pad) if pad is not None else (self._eos_token_ids[0] if self._eos_token_ids else 0)

@@ -30,18 +30,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ragen_rllib.env_runners.engine import Generation, SamplingParams
+from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_list
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
-
-
-def _ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value if v is not None]
-    return [int(value)]
 
 
 def _cuda_available() -> bool:
@@ -137,11 +129,11 @@ class VLLMEngine:
 
     def _find_eos_ids(self) -> tuple[int, ...]:
         """EOS ids from the tokenizer, ``generation_config.json`` and ``config.json`` (ordered, unique)."""
-        eos: list[int] = _ids(getattr(self._llm.get_tokenizer(), "eos_token_id", None))
+        eos: list[int] = as_id_list(getattr(self._llm.get_tokenizer(), "eos_token_id", None))
         for fname in ("generation_config.json", "config.json"):
             f = self.model_path / fname
             if f.is_file():
-                eos += _ids(json.loads(f.read_text()).get("eos_token_id"))
+                eos += as_id_list(json.loads(f.read_text()).get("eos_token_id"))
         return tuple(dict.fromkeys(eos))
 
     @property
