@@ -136,8 +136,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._pending_weights = (tensors, self.policy_version)
         else:
             self._engine.load_weights(tensors.items(), self.policy_version)
-        for loop in self._loops.values():
-            loop.engine = self.engine
         return time.perf_counter() - t0
 
     @override(Checkpointable)

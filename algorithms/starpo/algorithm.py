@@ -93,8 +93,9 @@ class StarPO(Algorithm):
         with _timer(timers, "store"):
             self.store.write(it, table)
         with _timer(timers, "filter"):
-            train, filter_metrics = self._filter(table)
-            self.store.write(it, with_kept(table, set(train[Col.GROUP_ID].to_pylist())), overwrite=True)
+            kept, filter_metrics = self._filter(table)
+            self.store.write(it, with_kept(table, kept), overwrite=True)
+            train = take_groups(table, kept)
         with _timer(timers, "advantages"):
             batch, adv_metrics = self._advantages(train)
         with _timer(timers, "update"):
@@ -130,14 +131,14 @@ class StarPO(Algorithm):
         stats["wall_s"] = max(o["stats"]["total_s"] for o in outs)
         return rows, stats
 
-    def _filter(self, table: Any) -> tuple[Any, dict[str, float]]:
+    def _filter(self, table: Any) -> tuple[set[int], dict[str, float]]:
+        """StarPO-S variance filter on raw episode returns; returns the kept group ids and metrics."""
         p = self.config.starpo
         returns = torch.tensor(table[Col.EPISODE_RETURN].to_numpy(), dtype=torch.float32)  # raw env returns
         gids = torch.tensor(table[Col.GROUP_ID].to_numpy(), dtype=torch.int64)
         stds, unique = S.group_reward_std(returns, gids)
         kept_idx, metrics = S.select_groups(stds, p.rollout_filter_ratio, p.rollout_filter_type)
-        kept = set(unique[kept_idx].tolist())
-        return take_groups(table, kept), metrics
+        return set(unique[kept_idx].tolist()), metrics
 
     def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:
         p = self.config.starpo
