@@ -1,8 +1,14 @@
 """``LLMEnvRunner``: an RLlib EnvRunner that owns text envs and a rollout engine (vLLM or HF).
 
 It never holds the RLModule: generation goes through the ``Engine``; the learner's policy weights
-arrive through ``set_state`` (RLlib's weight sync) and are loaded into the engine in place, with
-the ``policy_version`` the algorithm stamps. Every trajectory row it returns carries that version.
+arrive through ``load_policy`` (the algorithm's weight sync: one ``ray.put`` shared by every runner)
+and are loaded into the engine in place, with the ``policy_version`` the algorithm stamps. Every
+trajectory row it returns carries that version.
+
+Fault tolerance: RLlib creates remote runners with ``max_restarts``; a restarted runner starts from
+its constructor state (weights from disk, ``policy_version`` 0), so the algorithm reads
+``policy_info()`` and pushes the current weights to any runner behind it before it samples again.
+A ``policy_version`` is only ever adopted together with the weights it names.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
-
+import ray
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
@@ -43,6 +49,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._engine = None
         self._tok = None
         self.policy_version = 0
+        self.weights_object_id: str | None = None  # object-store id of the loaded weights (None: from disk)
+        self._pending_weights: tuple[dict[str, Any], int] | None = None
         self._loops: dict[tuple, RolloutLoop] = {}
 
     # ----------------------------------------------------------------- engine
@@ -57,7 +65,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._engine = make_engine(p.engine, p.model, seed=p.seed + 7919 * (self.worker_index or 0),
                                        max_model_len=p.max_context_tokens + p.response_length)
             self._engine.policy_version = self.policy_version
-            if getattr(self, "_pending_weights", None) is not None:
+            if self._pending_weights is not None:
                 weights, version = self._pending_weights
                 self._pending_weights = None
                 self._engine.load_weights(weights.items(), version)
@@ -98,13 +106,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
             demo_fn = make_demo_fn(demo, sampling_seed, p.enable_think, p.max_actions_per_turn)
         res = loop.run(list(groups), run_id=run_id, iteration=iteration, sampling_seed=sampling_seed, demo_fn=demo_fn)
-        if any(r["policy_version"] != self.policy_version for r in res.rows):
-            raise RuntimeError(f"env runner {self.worker_index}: rows stamped with a stale policy version")
+        stale = sorted({r["policy_version"] for r in res.rows} - {self.policy_version})
+        if stale:
+            raise RuntimeError(f"env runner {self.worker_index}: rows stamped with policy_version {stale}, "
+                               f"but the runner holds version {self.policy_version}")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, res.stats.num_turns, reduce="sum")
         st = res.stats
-        return {"rows": res.rows, "stats": {"sampled_tokens": st.sampled_tokens, "prompt_tokens": st.prompt_tokens,
-                                            "generate_s": st.generate_s, "env_s": st.env_s,
-                                            "total_s": time.perf_counter() - t0, "turns": st.num_turns}}
+        return {"rows": res.rows, "worker_index": self.worker_index, "policy_version": self.policy_version,
+                "node_id": _node_id(),
+                "stats": {"sampled_tokens": st.sampled_tokens, "prompt_tokens": st.prompt_tokens,
+                          "generate_s": st.generate_s, "env_s": st.env_s,
+                          "total_s": time.perf_counter() - t0, "turns": st.num_turns}}
 
     @override(EnvRunner)
     def get_spaces(self):
@@ -125,29 +137,55 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             close()
 
     # ----------------------------------------------------------- weight sync
-    def load_policy(self, weights: dict[str, Any], policy_version: int) -> float:
-        """Load HF-named policy weights into the engine; returns seconds spent."""
+    def load_policy(self, weights: dict[str, Any] | ray.ObjectRef, policy_version: int) -> dict[str, Any]:
+        """Load HF-named policy weights into the engine and adopt ``policy_version``.
+
+        Args:
+            weights: ``{hf_name: numpy array or tensor}`` (fp32 as the learner holds them), or a
+                Ray ``ObjectRef`` to such a dict: the algorithm puts the weights into the object
+                store once and every runner fetches the same object (zero-copy for numpy).
+            policy_version: the version the algorithm stamps on these weights.
+
+        Returns:
+            ``policy_info()`` after loading, plus ``load_s`` (seconds spent in this call).
+        """
         import torch
 
         t0 = time.perf_counter()
+        if isinstance(weights, ray.ObjectRef):
+            self.weights_object_id = weights.hex()
+            weights = ray.get(weights)
+        else:
+            self.weights_object_id = None
         tensors = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))) for k, v in weights.items()}
         self.policy_version = int(policy_version)
         if self._engine is None:  # engine not built yet: load on first use
             self._pending_weights = (tensors, self.policy_version)
         else:
             self._engine.load_weights(tensors.items(), self.policy_version)
-        return time.perf_counter() - t0
+        return {**self.policy_info(), "load_s": time.perf_counter() - t0}
+
+    def policy_info(self) -> dict[str, Any]:
+        """Who this runner is and which policy it holds.
+
+        Returns:
+            ``worker_index`` (0 = local runner), ``policy_version``, ``node_id`` (Ray node, hex; ""
+            without Ray), ``pid``, and ``weights_object_id`` (hex id of the object-store object the
+            current weights came from, None if they came from disk or a plain dict).
+        """
+        import os
+
+        return {"worker_index": self.worker_index, "policy_version": self.policy_version, "node_id": _node_id(),
+                "pid": os.getpid(), "weights_object_id": self.weights_object_id}
 
     @override(Checkpointable)
     def set_state(self, state: dict[str, Any]) -> None:
-        import ray
-
         if WEIGHTS_KEY in state:
-            w = state[WEIGHTS_KEY]
-            w = ray.get(w) if isinstance(w, ray.ObjectRef) else w
-            self.load_policy(w, state[POLICY_VERSION_KEY])
-        elif POLICY_VERSION_KEY in state:
-            self.policy_version = int(state[POLICY_VERSION_KEY])
+            self.load_policy(state[WEIGHTS_KEY], state[POLICY_VERSION_KEY])
+        # A bare policy_version (RLlib's restore of a restarted runner sends the local runner's
+        # state; a checkpoint restore sends the saved one) is not adopted: the version stamps the
+        # weights in the engine, and those did not change. The algorithm compares versions before
+        # sampling and pushes the current weights to any runner behind it.
         # RLlib's own initial sync sends {"rl_module": ...} of the learner module: the engine
         # already loaded the same weights from disk, so it is ignored (version 0).
 
@@ -162,3 +200,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
+
+
+def _node_id() -> str:
+    """The Ray node id (hex) this process runs on; "" when Ray is not initialised."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""

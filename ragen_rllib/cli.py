@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from ragen_rllib.envs import list_envs, list_variants, make_env
@@ -218,18 +219,23 @@ def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
-    from ragen_rllib.algorithms.starpo.train import load_experiment, train
+    from ragen_rllib.algorithms.starpo.train import build_params, load_experiment, load_resume_config, train
 
+    if bool(args.config) == bool(args.resume):
+        raise SystemExit("error: give either --config FILE (a new run) or --resume RUN (continue a run)")
     try:
-        cfg = load_experiment(args.config, profile=args.profile, overrides=args.set or [])
-        if args.run_name:
-            cfg["run_name"] = args.run_name
-        from ragen_rllib.algorithms.starpo.train import build_params
-
+        if args.resume:  # the run's own resolved config; --set may extend it (e.g. iterations=30)
+            run = Path(args.resume) if Path(args.resume).is_dir() else Path(args.run_dir) / args.resume
+            cfg = load_resume_config(run, overrides=args.set or [])
+        else:
+            cfg = load_experiment(args.config, profile=args.profile, overrides=args.set or [])
+            if args.run_name:
+                cfg["run_name"] = args.run_name
         build_params(cfg)  # validate before anything starts
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
-    res = train(cfg, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True))
+    res = train(cfg, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True),
+                resume=bool(args.resume))
     print(f"checkpoint: {res['checkpoint']}\nhf model: {res['hf_model']}\nmlflow run: {res['mlflow_run_id']}", file=out)
     return 0
 
@@ -244,6 +250,132 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     return 0
+
+
+# --- Ray Jobs: `submit` and `job status|logs|stop|list` (ragen_rllib/launch/jobs.py) ---
+JOB_EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}  # exit codes of `submit`/`job logs --follow`
+
+
+def _job_address(args: argparse.Namespace) -> str:
+    import os
+
+    addr = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if not addr:
+        raise SystemExit("error: --address is required (the Ray dashboard URL, e.g. http://127.0.0.1:8265)")
+    return addr
+
+
+def _follow_job(addr: str, job_id: str, out: TextIO) -> int:
+    from ragen_rllib.launch.jobs import failure_summary, follow_logs, job_info, job_logs
+
+    try:
+        status = follow_logs(addr, job_id, write=lambda s: (out.write(s), out.flush()))
+    except KeyboardInterrupt:
+        print(f"\nstopped following; job {job_id} keeps running (stop it: ragen-rllib job stop {job_id} "
+              f"--address {addr})", file=sys.stderr)
+        return 130
+    if status == "SUCCEEDED":
+        print(f"job {job_id} succeeded", file=out)
+    elif status == "STOPPED":
+        print(f"job {job_id} stopped", file=sys.stderr)
+    else:
+        print(failure_summary(job_info(addr, job_id), job_logs(addr, job_id)), file=sys.stderr)
+    return JOB_EXIT_CODES.get(status, 1)
+
+
+def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
+    from ragen_rllib.launch.jobs import DEFAULT_EXCLUDES, JobsError, submit_training
+
+    addr = _job_address(args)
+    env_vars = {}
+    for item in args.env_var or []:
+        if "=" not in item:
+            raise SystemExit(f"error: --env-var expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        env_vars[k] = v
+    try:
+        sid = submit_training(addr, args.config, profile=args.profile, overrides=args.set or [],
+                              working_dir=args.working_dir, env_vars=env_vars, submission_id=args.submission_id,
+                              tracking_uri=args.tracking_uri, run_name=args.run_name, python=args.python,
+                              excludes=tuple(DEFAULT_EXCLUDES) + tuple(args.exclude or ()))
+        print(f"submitted {sid} to {addr}\n  status: ragen-rllib job status {sid} --address {addr}\n"
+              f"  logs:   ragen-rllib job logs {sid} --address {addr} --follow\n"
+              f"  stop:   ragen-rllib job stop {sid} --address {addr}", file=out, flush=True)
+        return 0 if args.no_follow else _follow_job(addr, sid, out)
+    except (JobsError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def cmd_job(args: argparse.Namespace, out: TextIO) -> int:
+    from datetime import datetime
+
+    from ragen_rllib.launch.jobs import JobsError, job_info, job_logs, list_jobs, stop_job
+
+    addr = _job_address(args)
+    try:
+        if args.job_cmd == "list":
+            for j in list_jobs(addr):
+                when = datetime.fromtimestamp(j["start_time"] / 1000).isoformat(" ", "seconds") if j["start_time"] else "-"
+                print(f"{j['submission_id']:<36} {j['status']:<10} {when}  {j['entrypoint']}", file=out)
+            return 0
+        if args.job_cmd == "status":
+            info = job_info(addr, args.job_id)
+            print(f"{info['submission_id']}: {info['status']}", file=out)
+            if info["message"]:
+                print(info["message"].strip().splitlines()[0], file=out)
+            return 0
+        if args.job_cmd == "logs":
+            if args.follow:
+                return _follow_job(addr, args.job_id, out)
+            print(job_logs(addr, args.job_id), end="", file=out)
+            return 0
+        if args.job_cmd == "stop":
+            stopped = stop_job(addr, args.job_id)
+            print(f"{args.job_id}: {'stop requested' if stopped else 'already finished'}", file=out)
+            return 0
+    except JobsError as e:
+        raise SystemExit(f"error: {e}") from None
+    raise AssertionError(f"unhandled job command {args.job_cmd!r}")
+# --- end Ray Jobs ---
+
+
+# --- Tune sweeps and run comparison: `sweep`, `compare` (algorithms/starpo/sweep.py, tracking/compare.py) ---
+def cmd_sweep(args: argparse.Namespace, out: TextIO) -> int:
+    from ragen_rllib.algorithms.starpo.sweep import load_sweep, run_sweep
+
+    try:
+        spec = load_sweep(args.config, overrides=args.set or [])
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"error: {e}") from None
+    res = run_sweep(spec, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True))
+    return 1 if res["errors"] else 0
+
+
+def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from pathlib import Path
+
+    from ragen_rllib.tracking.compare import common_parent, compare_runs, format_table, log_comparison, plot_comparison
+    from ragen_rllib.tracking.mlflow_logger import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri("runs")  # as `train`: sqlite in the default run folder
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise SystemExit(f"error: no MLflow store at {uri} (pass --tracking-uri)")
+    try:
+        rows = compare_runs(uri, args.experiment, args.metric, parent_run_id=args.parent, mode=args.mode)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if not rows:
+        raise SystemExit(f"error: no runs to compare in experiment {args.experiment!r} at {uri}")
+    table = format_table(rows, args.metric, args.mode)
+    print(table, file=out)
+    parent = args.parent or common_parent(rows)
+    png_path = Path(args.out or Path("runs") / "compare" / f"{args.experiment}{'_' + parent[:8] if parent else ''}.png")
+    png = plot_comparison(rows, args.metric, png_path, title=f"{args.experiment}: {args.metric}")
+    run_id = log_comparison(uri, args.experiment, rows, args.metric, png, table, parent_run_id=parent,
+                            local_dir=png_path.parent)
+    print(f"comparison plot: {png}; logged to MLflow run {run_id}{' (the sweep run)' if parent else ''}", file=out)
+    return 0
+# --- end sweeps ---
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,11 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="env config override (repeatable)")
 
     sp = sub.add_parser("train", help="train StarPO / StarPO-S from an experiment YAML")
-    sp.add_argument("--config", required=True, help="experiments/<file>.yaml")
+    sp.add_argument("--config", default=None, help="experiments/<file>.yaml")
     sp.add_argument("--profile", default=None, help="named profile in the file, e.g. cpu")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. starpo.actor_lr=2e-5")
     sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the run folder)")
     sp.add_argument("--run-name", default=None)
+    sp.add_argument("--resume", default=None, metavar="RUN",
+                    help="continue RUN (a run name under --run-dir, or its folder) from its last checkpoint")
+    sp.add_argument("--run-dir", default="runs", help="where runs live (for --resume RUN)")
 
     sp = sub.add_parser("eval", help="evaluate a trained model with its run's validation protocol")
     sp.add_argument("--checkpoint", required=True, help="run folder, or its hf_model folder")
@@ -302,6 +437,48 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--engine", default=None, choices=["vllm", "hf"])
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="protocol override, e.g. val_groups=128, val_temperature=0")
+
+    # --- sweeps ---
+    sp = sub.add_parser("sweep", help="Ray Tune sweep over StarPO knobs, trials as nested MLflow runs")
+    sp.add_argument("--config", required=True, help="experiments/sweeps/<file>.yaml")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="sweep key (iterations=3, scheduler.grace_period=2) or experiment override (starpo.actor_lr=2e-5)")
+    sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the run folder)")
+    sp = sub.add_parser("compare", help="table + plot of an MLflow experiment's runs (or one sweep's trials)")
+    sp.add_argument("experiment", help="MLflow experiment name, e.g. ragen-bandit")
+    sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite:///runs/mlflow.db)")
+    sp.add_argument("--metric", default="rollout/success", help="e.g. val/bandit/success")
+    sp.add_argument("--mode", default="max", choices=["max", "min"], help="what 'best' means for --metric")
+    sp.add_argument("--out", default=None, help="PNG path (default: runs/compare/<experiment>[_<sweep>].png)")
+    sp.add_argument("--parent", default=None, metavar="RUN_ID", help="compare only this sweep run's trials")
+    # --- end sweeps ---
+
+    # --- Ray Jobs ---
+    sp = sub.add_parser("submit", help="submit training to a running Ray cluster (Ray Jobs API) and follow it")
+    sp.add_argument("--address", default=None,
+                    help="Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS)")
+    sp.add_argument("--config", required=True, help="experiment YAML, relative to --working-dir")
+    sp.add_argument("--profile", default=None, help="named profile in the file, e.g. cpu")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. starpo.actor_lr=2e-5")
+    sp.add_argument("--tracking-uri", default=None, help="MLflow URI as the job sees it (default: sqlite in its run folder)")
+    sp.add_argument("--run-name", default=None)
+    sp.add_argument("--working-dir", default=".", help="uploaded to the cluster (minus runs/, .venv, .git, weights)")
+    sp.add_argument("--exclude", action="append", metavar="PATTERN", help="more gitignore-style upload excludes")
+    sp.add_argument("--env-var", action="append", metavar="KEY=VALUE", help="env var for the job (repeatable)")
+    sp.add_argument("--submission-id", default=None, help="default: ragen-<date>-<time>-<random>")
+    sp.add_argument("--python", default="python", help="interpreter on the cluster with ragen-rllib installed")
+    sp.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
+    sp = sub.add_parser("job", help="status, logs, stop or list Ray jobs")
+    jsub = sp.add_subparsers(dest="job_cmd", required=True)
+    for name, help_ in (("status", "state and message"), ("logs", "the driver's output"), ("stop", "stop a job"),
+                        ("list", "all jobs on the cluster")):
+        js = jsub.add_parser(name, help=help_)
+        if name != "list":
+            js.add_argument("job_id", help="submission id (see `ragen-rllib job list`)")
+        js.add_argument("--address", default=None, help="Ray dashboard URL, e.g. http://127.0.0.1:8265")
+        if name == "logs":
+            js.add_argument("--follow", action="store_true", help="stream until the job ends; exit code = outcome")
+    # --- end Ray Jobs ---
 
     sp = sub.add_parser("trajectories", help="inspect stored trajectories")
     tsub = sp.add_subparsers(dest="traj_cmd", required=True)
@@ -348,6 +525,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: Text
         return cmd_train(args, out)
     if args.cmd == "eval":
         return cmd_eval(args, out)
+    if args.cmd == "submit":
+        return cmd_submit(args, out)
+    if args.cmd == "job":
+        return cmd_job(args, out)
+    if args.cmd == "sweep":
+        return cmd_sweep(args, out)
+    if args.cmd == "compare":
+        return cmd_compare(args, out)
     raise AssertionError(f"unhandled command {args.cmd!r}")
 
 

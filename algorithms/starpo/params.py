@@ -18,6 +18,8 @@ KL_MODES = ("off", "loss", "reward")
 KL_TYPES = ("k1", "k3", "low_var_kl")
 CRITIC_TYPES = ("separate", "value_head")
 OLD_LOGP_SOURCES = ("recompute", "sampler")
+WARMUP_STYLES = ("constant", "cosine")
+LEARNER_BACKENDS = ("torch", "deepspeed")
 ENGINES = ("vllm", "hf")
 
 
@@ -82,7 +84,26 @@ class StarPOParams:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 32  # trajectories per optimizer step
+    # padded tokens per forward/backward pass (gradient accumulation inside a mini-batch; verl's
+    # use_dynamic_bsz budget); 0 = the whole mini-batch in one pass
+    ppo_max_token_len_per_gpu: int = 0
+    # learning-rate schedule, stepped once per training iteration (verl's optim.* names)
+    lr_warmup_steps: int = 0
+    warmup_style: str = "constant"  # "constant" or "cosine" (decay to min_lr_ratio at total_training_steps)
+    min_lr_ratio: float = 0.0
+    total_training_steps: int = 0  # cosine horizon; 0 = the experiment's iterations (set by `train`)
+    # learner backend: "torch" (RLlib's DDP over gloo/NCCL) or "deepspeed" (ZeRO)
+    learner_backend: str = "torch"
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 1, 2 or 3
+    offload_optimizer: bool = False  # ZeRO-Offload of the optimizer state to CPU (compiles cpu_adam once)
+    deepspeed_config: str | None = None  # a user DeepSpeed JSON; merged under the fields above
     bf16_autocast: bool = False  # learner forward/backward under bf16 autocast (CPU with avx512_bf16, GPUs)
+    # --- LoRA (peft; verl's lora_rank / lora_alpha / target_modules): adapters on the policy only,
+    # base weights frozen; engines and the exported model get the merged W + (alpha / r) * B @ A
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0  # > 0 also perturbs the learner's no-grad old/ref log-prob passes
+    lora_target_modules: tuple[str, ...] = ("all-linear",)  # module names, or ("all-linear",): all but lm_head
 
     def validate(self) -> "StarPOParams":
         """Check every field; raise ``ValueError`` naming the field and its value. Returns self."""
@@ -92,7 +113,8 @@ class StarPOParams:
 
         choices = {"engine": ENGINES, "rollout_filter_type": FILTER_TYPES, "adv_estimator": ADV_ESTIMATORS,
                    "loss_agg_mode": LOSS_AGG_MODES, "kl_mode": KL_MODES, "kl_type": KL_TYPES,
-                   "critic_type": CRITIC_TYPES, "old_logp_source": OLD_LOGP_SOURCES, "grpo_scope": ("group", "batch")}
+                   "critic_type": CRITIC_TYPES, "old_logp_source": OLD_LOGP_SOURCES, "grpo_scope": ("group", "batch"),
+                   "warmup_style": WARMUP_STYLES, "learner_backend": LEARNER_BACKENDS, "zero_stage": (1, 2, 3)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise bad(name, f"must be one of {list(allowed)}")
@@ -130,6 +152,31 @@ class StarPOParams:
             raise bad("test_freq", "must be >= 0")
         if self.grad_clip <= 0:
             raise bad("grad_clip", "must be > 0")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise bad("lora_rank", "must be an int >= 0 (0 = LoRA off)")
+        if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float)) or self.lora_alpha <= 0:
+            raise bad("lora_alpha", "must be a number > 0")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise bad("lora_dropout", "must be in [0, 1)")
+        targets = self.lora_target_modules
+        if (not isinstance(targets, tuple) or not targets
+                or not all(isinstance(t, str) and t for t in targets)):
+            raise bad("lora_target_modules", "must be a non-empty tuple of module names, e.g. ('all-linear',) "
+                                             "or ('q_proj', 'v_proj')")
+        if "all-linear" in targets and len(targets) > 1:
+            raise bad("lora_target_modules", "must be ('all-linear',) alone or a list of module names, not both")
+        for name in ("ppo_max_token_len_per_gpu", "lr_warmup_steps", "total_training_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise bad(name, "must be an int >= 0")
+        if self.warmup_style == "cosine" and self.total_training_steps == 0:
+            raise bad("total_training_steps", "must be >= 1 with warmup_style='cosine' (`train` sets it from "
+                      "`iterations`)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise bad("min_lr_ratio", "must be in [0, 1]")
+        if self.deepspeed_config is not None and self.learner_backend != "deepspeed":
+            raise bad("deepspeed_config", "needs learner_backend='deepspeed'")
+        if self.offload_optimizer and self.learner_backend != "deepspeed":
+            raise bad("offload_optimizer", "needs learner_backend='deepspeed'")
         return self
 
     @property

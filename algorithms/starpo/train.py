@@ -19,6 +19,7 @@ import ast
 import copy
 import math
 import json
+import os
 import signal
 import sys
 import time
@@ -79,8 +80,11 @@ def load_experiment(path: str | Path, profile: str | None = None, overrides: Seq
 def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
     """StarPOParams from the preset + the ``starpo`` section (validated; errors name the field)."""
     overrides = dict(cfg.get("starpo") or {})
-    if "val_envs" in overrides:
-        overrides["val_envs"] = tuple(overrides["val_envs"])
+    for name in ("val_envs", "lora_target_modules"):  # YAML lists (or one name) -> the tuple fields
+        if name in overrides:
+            value = overrides[name]
+            overrides[name] = (value,) if isinstance(value, str) else tuple(value)
+    overrides.setdefault("total_training_steps", int(cfg.get("iterations", 0) or 0))  # the LR schedule's horizon
     return PRESETS[cfg.get("preset", "starpo_s")](**overrides)
 
 
@@ -112,52 +116,88 @@ def flat_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 
     for k, v in result.items():
         if isinstance(k, str) and k.split("/")[0] in ("rollout", "filter", "actor", "critic", "time", "val", "learner",
-                                                      "policy_version"):
+                                                      "faults", "policy_version"):
             walk(k, v)
     return out
 
 
 def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[str], None] = print,
-          resume_run_id: str | None = None) -> dict[str, Any]:
-    """Run the experiment; returns a summary (final metrics, checkpoint path, MLflow run id)."""
+          resume: bool = False) -> dict[str, Any]:
+    """Run the experiment; returns a summary (final metrics, checkpoint path, MLflow run id).
+
+    Every ``checkpoint_freq`` iterations (experiment key, default 1) the algorithm is saved to
+    ``<run_dir>/<run_name>/checkpoint`` (atomically replaced), *then* the iteration's metrics go to
+    MLflow, so a crash never leaves logged steps that a resume would redo. ``resume=True``
+    (``ragen-rllib train --resume RUN``) restores that checkpoint (model, critic, optimizer, RNG,
+    seed counter, iteration), reopens the same MLflow run, sends any checkpointed iteration the
+    run lacks, sets aside Arrow files of iterations after the checkpoint, and continues.
+    """
     import ray
 
+    from ragen_rllib.launch.jobs import current_job_id
     from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
     from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
 
     run_name = cfg.get("run_name") or time.strftime("starpo-%Y%m%d-%H%M%S")
     run_dir = Path(cfg.get("run_dir", "runs"))
+    run_path = run_dir / run_name
     params = build_params(cfg)
     iterations = int(cfg.get("iterations", 10))
+    ckpt_freq = int(cfg.get("checkpoint_freq", 1))
     tr = dict(cfg.get("tracking") or {})
+    uri = tracking_uri or tr.get("tracking_uri")
+    info = read_resume_info(run_path) if resume else None
     if not ray.is_initialized():
-        ray.init(num_cpus=int((cfg.get("rllib") or {}).get("ray_num_cpus", 2)), include_dashboard=False,
-                 log_to_driver=False)
+        if os.environ.get("RAY_ADDRESS"):  # a Ray job's driver / a chosen cluster: connect, never start one
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        else:
+            ray.init(num_cpus=int((cfg.get("rllib") or {}).get("ray_num_cpus", 2)), include_dashboard=False,
+                     log_to_driver=False)
     algo = build_config(cfg, run_name).build_algo()
-    tracker = MLflowTracker(tracking_uri=tracking_uri or tr.get("tracking_uri"),
-                            experiment=tr.get("experiment", f"ragen-{params.env.split(':')[0]}"), run_name=run_name,
-                            local_dir=run_dir,
+    history: list[dict[str, float]] = []
+    if info is not None:
+        ckpt = _checkpoint_dir(run_path)
+        algo.restore_from_path(str(ckpt.resolve()))
+        history = json.loads((ckpt / HISTORY_FILE).read_text())
+        moved = algo.set_aside
+        log(f"[resume] {run_name}: restored iteration {algo.iteration} (policy_version {algo.policy_version}) from "
+            f"{ckpt}" + (f"; set aside {len(moved)} later Arrow file(s)" if moved else ""))
+        uri = uri or info.get("tracking_uri")
+    tracker = MLflowTracker(tracking_uri=uri, experiment=tr.get("experiment", f"ragen-{params.env.split(':')[0]}"),
+                            run_name=run_name, local_dir=run_dir,
+                            run_id=info["mlflow_run_id"] if info else None,
                             tags={"env": params.env, "preset": cfg.get("preset", "starpo_s"), "model": params.model,
                                   "git_commit": get_git_commit(Path.cwd()) or "unknown",
-                                  "arrow_dir": str(algo.store.directory)})
+                                  "arrow_dir": str(algo.store.directory),
+                                  **({"ray_job_id": job_id} if (job_id := current_job_id()) else {})})
     tracker.start()
-    tracker.log_params({"starpo": params, "iterations": iterations, "rllib": cfg.get("rllib") or {},
-                        "profile": cfg.get("profile") or "default", "source": cfg.get("source", "")})
-    tracker.log_dict(json.loads(json.dumps(cfg, default=str)), "config/resolved.json")
-    warm = cfg.get("warmup") or {}
-    if warm.get("steps"):
-        log(f"[warm-up] {warm['steps']} supervised steps on {warm.get('kind', 'random-valid')} demonstrations")
-        for s, m in enumerate(algo.warmup(int(warm["steps"]), warm.get("kind", "random-valid"),
-                                          groups=int(warm.get("groups", 4)), group_size=int(warm.get("group_size", 4)))):
-            tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
+    if info is None:
+        tracker.log_params({"starpo": params, "iterations": iterations, "rllib": cfg.get("rllib") or {},
+                            "profile": cfg.get("profile") or "default", "source": cfg.get("source", "")})
+        tracker.log_dict(json.loads(json.dumps(cfg, default=str)), "config/resolved.json")
+        write_resume_info(run_path, cfg, tracker.run_id, uri)
+        warm = cfg.get("warmup") or {}
+        if warm.get("steps"):
+            log(f"[warm-up] {warm['steps']} supervised steps on {warm.get('kind', 'random-valid')} demonstrations")
+            for s, m in enumerate(algo.warmup(int(warm["steps"]), warm.get("kind", "random-valid"),
+                                              groups=int(warm.get("groups", 4)),
+                                              group_size=int(warm.get("group_size", 4)))):
+                tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
+    else:
+        tracker.set_tags({"resumed_at_iteration": algo.iteration})
+        last = tracker.last_step if tracker.last_step is not None else -1
+        for step, m in enumerate(history):  # checkpointed iterations the crash kept from MLflow
+            if step > last:
+                tracker.log_metrics(m, step=step)
     monitor = EchoTrapMonitor()
-    history: list[dict[str, float]] = []
+    for step, m in enumerate(history):
+        monitor.update(m, step=step)
     stop = {"flag": False}
     prev = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
-    status, t_start = "FINISHED", time.perf_counter()
+    status, t_start, start = "FINISHED", time.perf_counter(), algo.iteration
     try:
-        for i in range(iterations):
+        for i in range(start, iterations):
             t0 = time.perf_counter()
             result = algo.train()
             m = flat_metrics(result)
@@ -165,9 +205,11 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             for sig in monitor.update(m, step=i):
                 log(sig.message)
             m.update(monitor.flags())
-            tracker.log_metrics(m, step=i)
             history.append(m)
-            eta = (time.perf_counter() - t_start) / (i + 1) * (iterations - i - 1)
+            if ckpt_freq and ((i + 1) % ckpt_freq == 0 or i + 1 == iterations):
+                save_checkpoint(algo, run_path, history)
+            tracker.log_metrics(m, step=i)
+            eta = (time.perf_counter() - t_start) / (i + 1 - start) * (iterations - i - 1)
             shown = " ".join(f"{k.split('/')[-1]}={m[k]:.3g}" for k in KEY_METRICS if k in m)
             val = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("val/") and k.endswith("/success"))
             log(f"[{i + 1}/{iterations}] {shown} {val} eta {eta:.0f}s")
@@ -179,15 +221,18 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         tracker.log_metrics(final_val, step=len(history))
         if final_val:
             log(" ".join(f"{k}={v:.3f}" for k, v in final_val.items()))
-        ckpt = algo.save(str((run_dir / run_name / "checkpoint").resolve())).checkpoint.path
-        hf_dir = export_hf(algo, run_dir / run_name / "hf_model")
+        ckpt = save_checkpoint(algo, run_path, history)
+        hf_dir = export_hf(algo, run_path / "hf_model")
         (hf_dir / EVAL_PROTOCOL_FILE).write_text(json.dumps(eval_protocol(params), indent=2))
         tracker.set_tags({"checkpoint": str(ckpt), "hf_model": str(hf_dir)})
-        _log_curves(tracker, history, run_dir / run_name)
+        if tr.get("log_model", True):  # the final policy as a Hugging Face folder (transformers / vLLM)
+            tracker.log_artifact(str(hf_dir), "hf_model")
+        _log_curves(tracker, history, run_path)
         _print_summary(history, final_val, log)
         log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
-            f"{tracking_uri or tr.get('tracking_uri') or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
-            f"trajectories: {algo.store.directory}; model: {hf_dir}")
+            f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
+            f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "
+            f"--run-dir {run_dir}")
         return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
                 "hf_model": str(hf_dir), "final": final_val, "history": history}
     except BaseException:
@@ -197,6 +242,70 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         signal.signal(signal.SIGINT, prev)
         tracker.end(status=status)
         algo.stop()
+
+
+RESUME_FILE = "resume.json"
+HISTORY_FILE = "ragen_history.json"
+
+
+def write_resume_info(run_path: Path, cfg: Mapping[str, Any], mlflow_run_id: str | None, uri: str | None) -> None:
+    """What ``--resume`` needs besides the checkpoint: the resolved config and the MLflow run."""
+    run_path.mkdir(parents=True, exist_ok=True)
+    tmp = run_path / (RESUME_FILE + ".tmp")
+    tmp.write_text(json.dumps({"config": json.loads(json.dumps(cfg, default=str)), "mlflow_run_id": mlflow_run_id,
+                               "tracking_uri": uri}, indent=2))
+    os.replace(tmp, run_path / RESUME_FILE)
+
+
+def read_resume_info(run_path: Path) -> dict[str, Any]:
+    """Read ``resume.json`` of a run folder; errors say what is missing."""
+    f = run_path / RESUME_FILE
+    if not f.is_file():
+        raise FileNotFoundError(f"cannot resume {str(run_path)!r}: no {RESUME_FILE} (not a ragen-rllib run folder?)")
+    _checkpoint_dir(run_path)  # raises if there is no checkpoint yet
+    return json.loads(f.read_text())
+
+
+def load_resume_config(run_path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The resolved config a run was started with, plus ``key=value`` overrides (e.g. ``iterations=30``)."""
+    run_path = Path(run_path)
+    cfg = read_resume_info(run_path)["config"]
+    cfg["run_name"], cfg["run_dir"] = run_path.name, str(run_path.parent)
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        node = cfg
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
+
+
+def _checkpoint_dir(run_path: Path) -> Path:
+    for name in ("checkpoint", "checkpoint.old"):  # .old: a crash between the two renames of save_checkpoint
+        if (run_path / name / HISTORY_FILE).is_file():
+            return run_path / name
+    raise FileNotFoundError(f"cannot resume {str(run_path)!r}: no complete checkpoint in it yet")
+
+
+def save_checkpoint(algo: Any, run_path: Path, history: list[dict[str, float]]) -> Path:
+    """``algo.save_to_path`` + the metric history, published atomically as ``<run>/checkpoint``."""
+    import shutil
+
+    final, tmp, old = run_path / "checkpoint", run_path / "checkpoint.tmp", run_path / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    algo.save_to_path(str(tmp.resolve()))
+    (tmp / HISTORY_FILE).write_text(json.dumps(history))  # written last: marks the checkpoint complete
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def export_hf(algo: Any, out: Path) -> Path:

@@ -902,3 +902,106 @@ def logprob_gap_metrics(learner_logp: Tensor, sampler_logp: Tensor, loss_mask: T
         Metric.LOGP_GAP_MEAN_ABS: float(masked_mean(gap.abs(), sampled)),
         Metric.LOGP_GAP_MAX_ABS: float(gap.abs().max()) if gap.numel() else 0.0,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# optimisation: micro-batch accumulation and the learning-rate schedule
+# --------------------------------------------------------------------------------------------
+
+
+def micro_batch_scale(loss_mask_mb: Tensor, n_tokens_total: int, n_rows_total: int, loss_agg_mode: str) -> float:
+    """Weight of one micro-batch's ``aggregate_loss`` so that the sum over micro-batches equals
+    the loss (and gradient) of the whole mini-batch in one pass.
+
+    ``aggregate_loss`` returns a mean over its own call's batch; accumulating K micro-batches
+    needs each mean re-weighted by its share of the mini-batch's normaliser:
+
+    - ``token-mean``: (sampled tokens in the micro-batch) / (sampled tokens in the mini-batch);
+    - ``seq-mean-*``: (rows with ≥ 1 sampled token in the micro-batch) / (same in the mini-batch).
+
+    Args:
+        loss_mask_mb: (b, t) mask of the micro-batch, non-zero on sampled tokens.
+        n_tokens_total: sampled tokens in the whole mini-batch.
+        n_rows_total: rows with ≥ 1 sampled token in the whole mini-batch.
+        loss_agg_mode: One of ``AGG_MODES``.
+
+    Returns:
+        A float in [0, 1]; 0 when the mini-batch has nothing sampled.
+    """
+    _check_agg_mode(loss_agg_mode)
+    sampled = _sampled(loss_mask_mb)
+    if loss_agg_mode == "token-mean":
+        return float(sampled.sum()) / n_tokens_total if n_tokens_total > 0 else 0.0
+    rows = int((sampled.sum(dim=1) > 0).sum())
+    return rows / n_rows_total if n_rows_total > 0 else 0.0
+
+
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Split rows into micro-batches whose padded size (rows × longest row) fits a token budget.
+
+    Rows are taken longest first (so each micro-batch pads to similar lengths) and packed
+    greedily; a row longer than the budget goes alone (never dropped). Deterministic: ties keep
+    the input order.
+
+    Args:
+        lengths: per-row sequence length in tokens (attention length), ≥ 0.
+        max_tokens: padded-token budget per micro-batch; ``<= 0`` means one micro-batch.
+
+    Returns:
+        Lists of row indices into ``lengths``; every index exactly once.
+    """
+    n = len(lengths)
+    if max_tokens <= 0 or n == 0:
+        return [list(range(n))] if n else []
+    order = sorted(range(n), key=lambda i: (-int(lengths[i]), i))
+    plan: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        cand = max(longest, int(lengths[i]))
+        if cur and cand * (len(cur) + 1) > max_tokens:
+            plan.append(cur)
+            cur, cand = [], int(lengths[i])
+        cur.append(i)
+        longest = cand
+    plan.append(cur)
+    return plan
+
+
+WARMUP_STYLES: Final = ("constant", "cosine")
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, style: str = "constant",
+                  min_lr_ratio: float = 0.0) -> float:
+    """Learning-rate factor at optimisation step ``step`` (0-based; one step = one training
+    iteration, as in verl's actor/critic schedulers that RAGEN uses).
+
+    Linear warm-up from 1/warmup_steps to 1 over the first ``warmup_steps`` steps, then either
+    ``constant`` (1) or ``cosine`` decay from 1 to ``min_lr_ratio`` at ``total_steps``
+    (clamped there afterwards).
+
+    Args:
+        step: current step, ≥ 0.
+        total_steps: planned steps (cosine horizon); ≥ 1.
+        warmup_steps: warm-up length in steps, ≥ 0.
+        style: ``"constant"`` or ``"cosine"``.
+        min_lr_ratio: final factor of the cosine decay, in [0, 1].
+
+    Returns:
+        The factor in (0, 1] multiplying the base learning rate (≥ ``min_lr_ratio`` for cosine).
+
+    Raises:
+        ValueError: unknown style or out-of-range arguments.
+    """
+    if style not in WARMUP_STYLES:
+        raise ValueError(f"style must be one of {list(WARMUP_STYLES)}, got {style!r}")
+    if step < 0 or total_steps < 1 or warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"bad schedule arguments: step={step}, total_steps={total_steps}, "
+                         f"warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if style == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -11,12 +11,19 @@ Critic options (``model_config["critic_type"]``):
 * ``"value_head"``: a scalar head on the policy's own trunk (half the memory; the CPU profile);
 * ``None``: no critic (GRPO).
 
+LoRA (``model_config["lora_rank"] > 0``, peft): ``self.lm`` becomes a ``peft.PeftModel`` whose base
+weights are frozen and whose adapters are the only trainable policy weights (the critic is
+unaffected). Engines and the exported model never see adapters: ``policy_state_dict()`` returns
+the merged weights ``W + (alpha / r) * B @ A`` under the plain HF names, so vLLM / HF reloads and
+``export_hf`` work exactly as without LoRA.
+
 Env runners never hold this module: they generate with an ``Engine`` (vLLM / HF) and receive the
 policy weights (``lm.*``, HF names) through the weight sync.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -34,7 +41,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM policy (+ critic) as a TorchRLModule.
 
     ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
-    docstring), ``bf16_autocast`` (bool), ``seed`` (value-head init).
+    docstring), ``bf16_autocast`` (bool), ``seed`` (value-head init), and for LoRA ``lora_rank``
+    (int, 0 = off), ``lora_alpha`` (float), ``lora_dropout`` (float), ``lora_target_modules``
+    (tuple of module names, or ``("all-linear",)``).
     """
 
     @override(TorchRLModule)
@@ -46,6 +55,11 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         cfg = self.model_config
         path = cfg["model_path"]
         self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        self.lora_rank = int(cfg.get("lora_rank", 0))
+        if self.lora_rank > 0:
+            self.lm = _wrap_lora(self.lm, rank=self.lora_rank, alpha=float(cfg.get("lora_alpha", 16.0)),
+                                 dropout=float(cfg.get("lora_dropout", 0.0)),
+                                 targets=tuple(cfg.get("lora_target_modules", ("all-linear",))))
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
         self.bf16_autocast = bool(cfg.get("bf16_autocast", False))
         hidden = self.lm.config.hidden_size
@@ -66,6 +80,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     # ------------------------------------------------------------------ forward
     def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        model = _unwrap_peft(model)
         base = model.base_model if hasattr(model, "base_model") else model
         return base(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
 
@@ -89,7 +104,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         with ctx:
             h = self._trunk(self.lm, token_ids, attention_mask)[:, :-1]  # (B, T-1, H)
             h_sel = h[sel]  # (N, H)
-            logits = self.lm.get_output_embeddings()(h_sel).float()  # (N, V)
+            logits = _unwrap_peft(self.lm).get_output_embeddings()(h_sel).float()  # (N, V)
         logp_all = torch.log_softmax(logits, dim=-1)
         targets = token_ids[:, 1:][sel]
         logp = torch.zeros(loss_mask.shape, dtype=torch.float32, device=token_ids.device)
@@ -111,8 +126,15 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if "defer_forward" in batch:  # the learner runs the forward per micro-batch (learner.DEFER_FORWARD)
+            return {}
         return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=True,
                           with_entropy=True)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """RLlib enters ``module.no_sync()`` with > 1 learners (a DDP API). There is no DDP wrapper
+        here: the learner averages gradients itself, so this is a no-op context."""
+        return contextlib.nullcontext()
 
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -122,8 +144,89 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                               with_entropy=False)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under their HF names (what the engines load)."""
+        """The policy's weights under their HF names (what the engines load).
+
+        Returns:
+            ``{hf_name: tensor}`` with exactly the keys, shapes and dtypes of the plain HF model's
+            ``state_dict()``; with LoRA, adapters merged (new tensors for adapted layers, the
+            module's own weights untouched).
+        """
+        if self.lora_rank > 0:
+            return merged_lora_state_dict(self.lm)
         return {k: v for k, v in self.lm.state_dict().items()}
+
+
+def _unwrap_peft(model: nn.Module) -> nn.Module:
+    """The HF model inside a ``peft.PeftModel`` (adapter layers injected in place), else ``model``."""
+    get_base = getattr(model, "get_base_model", None)  # PeftModel only; HF models have no such method
+    return get_base() if callable(get_base) else model
+
+
+def _wrap_lora(lm: nn.Module, rank: int, alpha: float, dropout: float, targets: tuple[str, ...]) -> nn.Module:
+    """Wrap ``lm`` with LoRA adapters (peft); only the adapters stay trainable.
+
+    ``("all-linear",)`` becomes peft's ``"all-linear"`` shorthand: every linear layer except the
+    output head. An adapter on a tied input/output embedding is refused: its merged weight would
+    differ between the two names that engines load into one shared tensor.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError as e:
+        raise ImportError(f"lora_rank={rank} needs peft: `pip install -e .[lora]` ({e})") from e
+
+    target: str | list[str] = "all-linear" if targets == ("all-linear",) else list(targets)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM")
+    model = get_peft_model(lm, cfg)
+    hf = model.get_base_model()
+    if getattr(hf.config, "tie_word_embeddings", False):
+        for emb in (hf.get_input_embeddings(), hf.get_output_embeddings()):
+            if isinstance(emb, BaseTunerLayer):
+                raise ValueError(f"lora_target_modules={targets!r} puts an adapter on a tied embedding "
+                                 f"({type(emb).__name__}); the model ties lm_head to embed_tokens, so leave both out")
+    return model
+
+
+@torch.no_grad()
+def merged_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The merged weights of a LoRA ``PeftModel`` under the plain HF names, without merging in place.
+
+    Each adapted layer ``N`` holds ``N.base_layer.*`` (frozen W, b) and ``N.lora_A/B.*``; the result
+    has ``N.weight = W + sum over active, unmerged adapters of get_delta_weight (scaling * B @ A)``
+    and ``N.bias = b``, adapter tensors dropped. Computing the delta out of place (instead of
+    peft's ``merge_adapter()`` / ``unmerge_adapter()``) keeps the frozen W bit-exact across syncs:
+    W + d - d drifts by rounding.
+
+    Args:
+        model: a ``peft.PeftModel`` with LoRA adapters.
+
+    Returns:
+        ``{hf_name: tensor}``, same keys, order and shapes as the un-adapted model's ``state_dict()``.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    hf = _unwrap_peft(model)
+    layers = {name: mod for name, mod in hf.named_modules() if isinstance(mod, LoraLayer)}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in hf.state_dict().items():
+        parts = key.split(".")
+        owner = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in layers), None)
+        if owner is None:
+            out[key] = value
+            continue
+        rest = key[len(owner) + 1:]
+        if not rest.startswith("base_layer."):
+            continue  # lora_A / lora_B / dropout state of this layer: not an HF weight
+        name = rest[len("base_layer."):]
+        layer = layers[owner]
+        if name == "weight" and not layer.disable_adapters:
+            for adapter in layer.active_adapters:
+                if adapter not in layer.lora_A or adapter in layer.merged_adapters:
+                    continue  # absent here, or already inside W
+                assert adapter not in layer.lora_variant, f"{owner}: LoRA variant {adapter!r} (DoRA, ...) not merged here"
+                value = value + layer.get_delta_weight(adapter).to(value.dtype)
+        out[f"{owner}.{name}"] = value
+    return out
 
 
 __all__ = ["HFCausalLMModule", "POLICY_PREFIX"]

@@ -214,6 +214,30 @@ def get_metric_history(tracking_uri: str, run_id: str, keys: list[str]) -> dict[
     return out
 
 
+def get_timed_metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, int, float]]:
+    """Return ``[(step, timestamp_ms, value), ...]`` of one metric, sorted by step then time.
+
+    Like ``get_metric_history`` but with MLflow's wall-clock timestamp (ms since the epoch) of each
+    value, for curves against wall time (``tracking.compare``). An unknown key gives ``[]``.
+    """
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(tracking_uri=tracking_uri).get_metric_history(run_id, sanitize_key(key))
+    return [(int(m.step), int(m.timestamp), float(m.value)) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]
+
+
+def log_artifact_to_run(tracking_uri: str, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+    """Upload a local file into an existing run's artifacts without touching its status or end time.
+
+    ``MLflowTracker(run_id=...)`` would mark a finished run RUNNING and end it again (a new end
+    time); this is for adding e.g. a comparison plot to a finished sweep run. Not buffered: raises
+    the store's error if it is unreachable.
+    """
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=tracking_uri).log_artifact(run_id, str(path), artifact_path)
+
+
 def flush_pending(local_dir: str | os.PathLike, tracking_uri: str | None = None) -> int:
     """Send what ``<local_dir>/mlflow_pending.jsonl`` holds (left by a crashed or offline run).
 

@@ -163,6 +163,29 @@ class TrajectoryStore:
                     removed += 1
         return removed
 
+    def set_aside_after(self, iteration: int) -> list[Path]:
+        """Move iteration files newer than ``iteration`` to ``<run>/trajectories_discarded/`` (kept, not read).
+
+        A resume from a checkpoint taken after ``iteration`` redoes the later iterations; their
+        first attempt (sampled by a policy that training no longer continues from) is kept on disk
+        for inspection but leaves the run, so each iteration is read exactly once.
+
+        Returns:
+            the new paths of the moved files (``iter_NNNNNN.<unix time>.parquet``; outside the
+            trajectories folder, so readers of that folder, e.g. ``ray.data``, never see them).
+        """
+        moved = []
+        stamp = int(time.time())
+        for it in self.iterations():
+            if it > iteration:
+                dest = self.run_dir / "trajectories_discarded" / f"{self.path_for(it).stem}.{stamp}.parquet"
+                dest.parent.mkdir(exist_ok=True)
+                os.replace(self.path_for(it), dest)
+                moved.append(dest)
+        if moved:
+            _fsync_dir(self.directory)
+        return moved
+
     # ----------------------------------------------------------------------------------------
     # read
     # ----------------------------------------------------------------------------------------

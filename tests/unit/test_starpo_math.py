@@ -625,3 +625,50 @@ def test_all_masked_batch_is_finite_and_zero() -> None:
     assert all(v == 0.0 for v in S.logprob_gap_metrics(z, z, mask).values())
     kept, metrics = S.select_groups(torch.zeros(0), 0.25)
     assert kept.numel() == 0 and all(math.isfinite(v) for v in metrics.values())
+
+
+# ---------------------------------------------------------------- micro-batches, LR schedule
+
+def test_plan_micro_batches_budget_and_cover():
+    lengths = [10, 3, 7, 7, 2, 30]
+    plan = S.plan_micro_batches(lengths, 20)
+    flat = sorted(i for mb in plan for i in mb)
+    assert flat == list(range(6))
+    assert plan[0] == [5]  # longer than the budget: alone, not dropped
+    for mb in plan[1:]:
+        assert max(lengths[i] for i in mb) * len(mb) <= 20
+    # longest first 30 | 10,7 (2x10=20) | 7,3 (2x7=14; +2 would be 3x7=21) | 2
+    assert plan == [[5], [0, 2], [3, 1], [4]]
+    assert S.plan_micro_batches(lengths, 0) == [list(range(6))]
+    assert S.plan_micro_batches([], 10) == []
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batch_scale_recovers_full_batch_loss(mode):
+    g = torch.Generator().manual_seed(0)
+    loss = torch.randn(5, 6, generator=g)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0],
+                         [0, 1, 0, 1, 0, 1]], dtype=torch.float32)
+    full = S.aggregate_loss(loss, mask, mode)
+    n_tok, n_rows = int(mask.sum()), int((mask.sum(1) > 0).sum())
+    acc = sum(S.aggregate_loss(loss[idx], mask[idx], mode) * S.micro_batch_scale(mask[idx], n_tok, n_rows, mode)
+              for idx in ([0, 1], [2], [3, 4]))
+    assert torch.allclose(acc, full, atol=1e-6)
+
+def test_micro_batch_scale_hand_values():
+    m = torch.tensor([[0, 1, 1], [0, 0, 0]])
+    assert S.micro_batch_scale(m, 8, 4, "token-mean") == 0.25
+    assert S.micro_batch_scale(m, 8, 4, "seq-mean-token-mean") == 0.25
+    assert S.micro_batch_scale(m, 0, 0, "token-mean") == 0.0
+
+def test_lr_multiplier_hand_values():
+    assert S.lr_multiplier(0, 10) == 1.0
+    assert [S.lr_multiplier(s, 10, warmup_steps=4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    # cosine from 1 at step 2 (after 2 warm-up steps) to 0.1 at step 10: halfway (step 6) = 0.55
+    assert S.lr_multiplier(2, 10, 2, "cosine", 0.1) == pytest.approx(1.0)
+    assert S.lr_multiplier(6, 10, 2, "cosine", 0.1) == pytest.approx(0.55)
+    assert S.lr_multiplier(10, 10, 2, "cosine", 0.1) == pytest.approx(0.1)
+    assert S.lr_multiplier(50, 10, 2, "cosine", 0.1) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="style"):
+        S.lr_multiplier(0, 10, style="linear")
+    with pytest.raises(ValueError, match="total_steps=0"):
+        S.lr_multiplier(0, 0)
