@@ -505,6 +505,7 @@ def _pad_token_turn(table: Any, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
+    from ragen_rllib.prompting.chat_format import think_text
     from ragen_rllib.tracking.echo_trap import identical_response_fraction
 
     s = summarize(table)
@@ -512,6 +513,10 @@ def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
     replies = ["\x1e".join(r) for r in table[Col.TURN_RESPONSES].to_pylist()]
     m["rollout/identical_response_frac"] = identical_response_fraction(replies, table[Col.GROUP_ID].to_pylist())
     m["rollout/response_length_mean"] = s["tokens_per_turn"]
+    thinks = [think_text(t) for r in table[Col.TURN_RESPONSES].to_pylist() for t in r]
+    words = [len(t.split()) for t in thinks if t is not None]
+    m["rollout/think_words_mean"] = float(np.mean(words)) if words else 0.0  # reasoning length (Echo Trap: collapse)
+    m["rollout/think_turn_frac"] = len(words) / len(thinks) if thinks else 0.0
     m["rollout/tokens_per_s"] = stats["sampled_tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
     m["time/generate"] = stats["generate_s"]
     return m

@@ -49,7 +49,9 @@ class StarPOLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         p = self.config.starpo
         module = self._module[module_id]
-        if p.kl_mode != "off" and self._ref_lm is None:  # frozen reference, copied before any ZeRO partitioning
+        # Frozen reference (KL on), copied before any ZeRO partitioning. With LoRA the reference is
+        # the base model itself, reached by disabling the adapters: no copy.
+        if p.kl_mode != "off" and self._ref_lm is None and not p.lora_rank:
             self._ref_lm = copy.deepcopy(module.lm).eval()
             for q in self._ref_lm.parameters():
                 q.requires_grad_(False)
@@ -103,9 +105,11 @@ class StarPOLearner(TorchLearner):
         module = self._policy_module()
         p = self.config.starpo
         shape = batch["token_ids"].shape
-        keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if self._ref_lm is not None else [])
+        keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if p.kl_mode != "off" else [])
         out = {k: np.zeros(shape, dtype=np.float32) for k in keys}
         plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
+        was_training = module.training
+        module.eval()  # old/reference log-probs without dropout (e.g. lora_dropout > 0)
         with torch.no_grad():
             for idx in plan:
                 t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
@@ -117,15 +121,22 @@ class StarPOLearner(TorchLearner):
                 out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
                 if "values" in sc:
                     out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
-                if self._ref_lm is not None:
-                    lm, module.lm = module.lm, self._ref_lm
-                    try:
-                        out["ref_logp"][idx, :t_len] = module.score(
-                            t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=False,
-                            with_entropy=False)["logp"].cpu().numpy()
-                    finally:
-                        module.lm = lm
+                if p.kl_mode != "off":
+                    out["ref_logp"][idx, :t_len] = self._ref_logp(module, t)
+        module.train(was_training)
         return out
+
+    def _ref_logp(self, module: Any, t: dict[str, torch.Tensor]) -> np.ndarray:
+        """Reference-policy log-probs (B, t) of one micro-batch: the frozen copy, or the LoRA base."""
+        args = (t["token_ids"], t["attention_mask"], t["loss_mask"].float())
+        if self._ref_lm is None:  # LoRA: adapters off = the base model
+            with module.lm.disable_adapter():
+                return module.score(*args, with_values=False, with_entropy=False)["logp"].cpu().numpy()
+        lm, module.lm = module.lm, self._ref_lm
+        try:
+            return module.score(*args, with_values=False, with_entropy=False)["logp"].cpu().numpy()
+        finally:
+            module.lm = lm
 
     def policy_weights(self) -> dict[str, np.ndarray]:
         """The policy's HF-named weights as numpy (what env-runner engines load).

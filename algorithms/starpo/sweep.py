@@ -19,7 +19,7 @@ Sweep file (keys ``SWEEP_KEYS``; errors name the bad key and value)::
     scheduler: {type: asha, grace_period: 3, reduction_factor: 2}   # or null / fifo
     echo_trap_stop: true              # or {patience: 2, signals: [std_collapse, ...]}
     max_concurrent_trials: 1
-    resources_per_trial: {cpu: 1, gpu: 0}
+    resources_per_trial: {cpu: 1, gpu: 0}   # at least this for a trial's process; remote runners/learners add theirs
     seed: 0                           # random state of Tune's sampling (choice / uniform / ...)
     checkpoint_at_end: false          # true: each trial's Algorithm checkpoint in runs/tune/<name>/<trial>/
 
@@ -109,13 +109,14 @@ SPACE_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 SCHEDULERS = ("fifo", "asha")
 #: Echo-Trap signals watched by ``EchoTrapStopper`` unless told otherwise (see the module docstring).
 DEFAULT_STOP_SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE)
-#: Leaf names allowed under each experiment section in a dotted key.
+#: Leaf names allowed under each experiment section in a dotted key. ``rllib.<name>`` leaves are
+#: checked by ``train.build_config`` when a trial starts (that set lives there).
 SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "starpo": tuple(f.name for f in dataclasses.fields(StarPOParams)),
     "warmup": ("steps", "kind", "groups", "group_size"),
-    "rllib": ("num_env_runners", "num_learners", "num_cpus_per_env_runner", "ray_num_cpus"),
     "tracking": ("experiment", "tracking_uri"),
 }
+OPEN_SECTIONS = ("rllib",)
 #: Keys that may vary per trial; ``tracking.*``, ``run_dir`` and ``iterations`` are sweep-wide.
 SEARCHABLE = ("preset", "starpo", "warmup", "rllib")
 FIXED_ONLY = ("tracking", "run_dir", "iterations")
@@ -165,7 +166,9 @@ class SweepSpec:
         scheduler: see ``SchedulerSpec``.
         echo_trap_stop: the stop rule, or None for no Echo-Trap stopping.
         max_concurrent_trials: trials running at once.
-        resources_per_trial: ``{"cpu": float, "gpu": float}`` per trial.
+        resources_per_trial: ``{"cpu": float, "gpu": float}``: at least this for each trial's own
+            process (which holds the local env runner and learner); remote env runners / learners of
+            the experiment's ``rllib`` section get RLlib's own bundles on top.
         seed: random state of Tune's sampling (None: unseeded).
         checkpoint_at_end: save each trial's Algorithm at its end (Tune's trial folder). Off by
             default: with a 135M model and a critic a checkpoint (weights + Adam state) is about 1.5 GB.
@@ -299,6 +302,9 @@ def check_key(key: str, where: str, searchable: bool) -> None:
             close = difflib.get_close_matches(leaf, fields, n=1)
             hint = f"; did you mean '{head}.{close[0]}'?" if close else f"; known: {list(fields)}"
             raise ValueError(f"{where}: key {key!r}: {leaf!r} is not a field of '{head}'{hint}")
+    elif head in OPEN_SECTIONS:
+        if not leaf or "." in leaf:
+            raise ValueError(f"{where}: key {key!r} must be '{head}.<name>'")
     elif leaf:
         raise ValueError(f"{where}: key {key!r}: {head!r} is a single value, not a section")
 
@@ -393,12 +399,26 @@ class StarPOTrainable(tune.Trainable):
     """
 
     @classmethod
-    def default_resource_request(cls, config: dict[str, Any]) -> tune.PlacementGroupFactory:
-        res = (config.get(SETTINGS_KEY) or {}).get("resources") or {}
-        bundle = {"CPU": float(res.get("cpu", 1.0))}
-        if float(res.get("gpu", 0.0)) > 0:
-            bundle["GPU"] = float(res["gpu"])
-        return tune.PlacementGroupFactory([bundle])
+    def default_resource_request(cls, config: dict[str, Any]) -> tune.PlacementGroupFactory | None:
+        """RLlib's bundles for the trial's Algorithm; the first (this process, incl. a local learner's
+        GPU) raised to at least ``resources`` of the settings (``resources_per_trial``).
+
+        Remote env runners and learners of the experiment's ``rllib`` section get their own bundles
+        exactly as for RLlib's own algorithms, so they are reserved inside the trial's placement group.
+        """
+        from ragen_rllib.algorithms.starpo.algorithm import StarPO
+
+        settings = config.get(SETTINGS_KEY)
+        if not isinstance(settings, Mapping):
+            return None  # setup() raises the clear error
+        cfg = apply_overrides(settings["experiment"], {k: v for k, v in config.items() if k != SETTINGS_KEY})
+        rllib = StarPO.default_resource_request(build_config(cfg, "resources"))
+        head, *rest = rllib.bundles
+        res = settings.get("resources") or {}
+        head = {**head, "CPU": max(float(head.get("CPU", 0.0)), float(res.get("cpu", 1.0)))}
+        if max(float(head.get("GPU", 0.0)), float(res.get("gpu", 0.0))) > 0:
+            head["GPU"] = max(float(head.get("GPU", 0.0)), float(res.get("gpu", 0.0)))
+        return tune.PlacementGroupFactory([head, *rest], strategy=rllib.strategy)
 
     def setup(self, config: dict[str, Any]) -> None:
         from ragen_rllib.tracking.mlflow_logger import MLflowTracker

@@ -93,10 +93,18 @@ def build_config(cfg: Mapping[str, Any], run_name: str):
 
     params = build_params(cfg)
     rl = dict(cfg.get("rllib") or {})
+    known = {"num_env_runners", "num_cpus_per_env_runner", "num_gpus_per_env_runner", "custom_resources_per_env_runner",
+             "num_learners", "num_cpus_per_learner", "num_gpus_per_learner", "ray_num_cpus"}
+    if unknown := sorted(set(rl) - known):
+        raise ValueError(f"rllib: unknown key(s) {unknown}; known: {sorted(known)}")
     conf = (StarPOConfig().training(starpo=params)
             .env_runners(num_env_runners=int(rl.get("num_env_runners", 0)),
-                         num_cpus_per_env_runner=rl.get("num_cpus_per_env_runner", 1))
-            .learners(num_learners=int(rl.get("num_learners", 0)))
+                         num_cpus_per_env_runner=rl.get("num_cpus_per_env_runner", 1),
+                         num_gpus_per_env_runner=rl.get("num_gpus_per_env_runner", 0),
+                         custom_resources_per_env_runner=dict(rl.get("custom_resources_per_env_runner") or {}))
+            .learners(num_learners=int(rl.get("num_learners", 0)),
+                      num_cpus_per_learner=rl.get("num_cpus_per_learner", "auto"),
+                      num_gpus_per_learner=rl.get("num_gpus_per_learner", 0))
             .debugging(seed=params.seed)
             .storage(run_dir=cfg.get("run_dir", "runs"), run_name=run_name))
     return conf

@@ -280,3 +280,12 @@ def fit_context(turns: Sequence[Turn], count_tokens: Callable[[Sequence[Turn], i
         start += 1
         n = count_tokens(turns[start:], start)
     return ContextFit(first_turn_index=start, dropped_turns=start, tokens=n, overflow=n > max_context_tokens)
+
+
+def think_text(reply: str) -> str | None:
+    """The reasoning inside a reply's ``<think>…</think>`` block (the forced opening tag may be
+    absent from the stored reply), or None when the reply closes no think block."""
+    if THINK_CLOSE not in reply:
+        return None
+    body = reply.split(THINK_CLOSE, 1)[0]
+    return body.split(THINK_OPEN, 1)[1] if THINK_OPEN in body else body

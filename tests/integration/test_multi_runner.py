@@ -4,6 +4,7 @@ broadcast through the object store, policy versions, and an env runner killed mi
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.integration
 GROUPS, GROUP_SIZE, ITERATIONS = 5, 2, 2  # 5 groups over 2 runners: chunks of 3 and 2
 
 
-def _build(tiny_model_dir, tmp_path, run_name: str):
+def _build(tiny_model_dir: Path, tmp_path: Path, run_name: str) -> Any:
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
 
@@ -27,12 +28,12 @@ def _build(tiny_model_dir, tmp_path, run_name: str):
             .storage(run_dir=str(tmp_path), run_name=run_name).debugging(seed=0).build_algo())
 
 
-def _runner_infos(algo) -> dict[int, dict[str, Any]]:
+def _runner_infos(algo: Any) -> dict[int, dict[str, Any]]:
     infos = algo.env_runner_group.foreach_env_runner(lambda r: r.policy_info(), local_env_runner=False)
     return {i["worker_index"]: i for i in infos}
 
 
-def _wait_until_restarted(group, deadline_s: float = 180.0) -> list[int]:
+def _wait_until_restarted(group: Any, deadline_s: float = 180.0) -> list[int]:
     """Probe the unhealthy runners until Ray has restarted one (the restart is asynchronous)."""
     import time
 
@@ -45,7 +46,7 @@ def _wait_until_restarted(group, deadline_s: float = 180.0) -> list[int]:
     raise AssertionError(f"no env runner came back within {deadline_s} s")
 
 
-def _check_store(tmp_path, run_name: str):
+def _check_store(tmp_path: Path, run_name: str) -> Any:
     from ragen_rllib.trajectory import TrajectoryStore
 
     table = TrajectoryStore(tmp_path, run_name).read()

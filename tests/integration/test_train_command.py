@@ -40,6 +40,12 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
                 "warmup/loss", "echo/grad_norm_spike", "rollout/identical_response_frac"):
         assert key in metrics, key
     assert runs[0]["params"]["starpo.rollout_filter_ratio"] == "0.25"
+    assert "rollout/think_words_mean" in metrics and "actor/lr" in metrics
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    logged = {f.path for f in client.list_artifacts(runs[0]["run_id"], "hf_model")}
+    assert {"hf_model/model.safetensors", "hf_model/config.json", "hf_model/ragen_eval_protocol.json"} <= logged
 
     from ragen_rllib.cli import main
 

@@ -116,6 +116,10 @@ def test_legacy_tune_run_with_the_trainable_and_its_checkpoint(tiny_model_dir: P
     uri = default_tracking_uri(run_dir)
     settings = trainable_config({**_experiment(tiny_model_dir, run_dir, "test-tune-run"), "iterations": 2},
                                 run_prefix="legacy")
+    # RLlib's bundles for the trial (one: local runner and learner), head raised to resources_per_trial.
+    assert StarPOTrainable.default_resource_request(settings).bundles == [{"CPU": 1.0}]
+    assert StarPOTrainable.default_resource_request({**settings, "rllib.num_env_runners": 1}).bundles == [
+        {"CPU": 1.0}, {"CPU": 1.0}]
     analysis = tune.run(StarPOTrainable, config={**settings, "starpo.clip_ratio_high": tune.grid_search([0.2])},
                         stop=EchoTrapStopper(), metric="rollout/success", mode="max",
                         checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),

@@ -67,7 +67,8 @@ def test_every_file_and_profile_builds_validated_params(path: Path, profile: str
     assert p.env.split(":")[0] == env
     assert int(cfg["iterations"]) >= 1
     assert cfg["tracking"]["experiment"] == f"ragen-{env}"
-    assert set(cfg["rllib"]) <= {"num_env_runners", "num_learners", "num_cpus_per_env_runner", "ray_num_cpus"}
+    assert set(cfg["rllib"]) <= {"num_env_runners", "num_learners", "num_cpus_per_env_runner", "ray_num_cpus",
+                                 "num_gpus_per_learner"}
     if preset == "starpo_s":
         assert (p.rollout_filter_ratio, p.rollout_filter_type) == (0.25, "std")
         assert (p.clip_ratio_low, p.clip_ratio_high) == (0.2, 0.28)
@@ -184,8 +185,16 @@ def test_bad_override_names_the_field(path: Path) -> None:
 
 
 def test_unknown_profile_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown profile 'gpu'.*\['cpu'\]"):
-        load_experiment(EXP_DIR / "sokoban_starpo.yaml", "gpu")
+    with pytest.raises(ValueError, match=r"unknown profile 'tpu'.*\['cpu', 'gpu'\]"):
+        load_experiment(EXP_DIR / "sokoban_starpo.yaml", "tpu")
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_gpu_profile_is_deepspeed_zero2_vllm_8x16(path: Path) -> None:
+    cfg = load_experiment(path, "gpu")
+    p = build_params(cfg)
+    assert (p.engine, p.learner_backend, p.zero_stage, p.env_groups, p.group_size) == ("vllm", "deepspeed", 2, 8, 16)
+    assert "Qwen2.5-0.5B-Instruct" in p.model and cfg["rllib"]["num_gpus_per_learner"] == 1
 
 
 def test_loading_experiments_does_not_import_ray() -> None:

@@ -142,3 +142,12 @@ def test_prompt_config_validation_names_field() -> None:
         PromptConfig(max_actions_per_turn=0)
     with pytest.raises(ValueError, match="format_penalty"):
         PromptConfig(format_penalty=0.5)
+
+
+def test_think_text_extracts_the_reasoning() -> None:
+    from ragen_rllib.prompting.chat_format import think_text
+
+    assert think_text("<think>go left now</think><answer>Left</answer>") == "go left now"
+    assert think_text("a b</think><answer>x</answer>") == "a b"  # forced <think> prefix not stored
+    assert think_text("<answer>x</answer>") is None
+    assert think_text("<think>never closed") is None

@@ -113,6 +113,7 @@ def test_trainable_config_defaults_like_train(tmp_path: Path) -> None:
     ({"search_space": {"starpo.actor_lr": {"grid": []}}}, r"grid needs a non-empty list"),
     ({"search_space": {"tracking.experiment": {"grid": ["a", "b"]}}}, r"'tracking' is sweep-wide"),
     ({"search_space": {"learning_rate": {"grid": [1]}}}, r"key 'learning_rate' must start with one of"),
+    ({"search_space": {"rllib": {"grid": [1]}}}, r"key 'rllib' must be 'rllib.<name>'"),
     ({"search_space": {}}, r"'search_space' must map at least one dotted key"),
     ({"overrides": {"starpo.rollout_filter_ratio": 0.5}}, r"both a fixed override and in search_space"),
     ({"overrides": {"starpo.clip_ratio_low": 2.0}}, r"base experiment.*clip_ratio_low.*2.0"),
@@ -128,7 +129,7 @@ def test_trainable_config_defaults_like_train(tmp_path: Path) -> None:
     ({"resources_per_trial": {"cpus": 2}}, r"resources_per_trial: unknown key\(s\) \['cpus'\]"),
     ({"name": "my sweep"}, r"'name' must match"),
     ({"base": None}, r"'base' must name the experiment file"),
-    ({"profile": "gpu"}, r"unknown profile 'gpu'"),
+    ({"profile": "tpu"}, r"unknown profile 'tpu'"),
 ])
 def test_bad_sweep_files_name_the_key_and_value(tmp_path: Path, over: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
