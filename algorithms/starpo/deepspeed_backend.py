@@ -164,6 +164,14 @@ class DeepSpeedBackend:
         with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
             return {k: v.detach().clone() for k, v in state_fn().items()}
 
+    def full_module_state(self) -> dict[str, Any]:
+        """The whole module's state dict as numpy (every rank together under ZeRO-3: a collective)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None,
+                                               enabled=self.stage == 3):
+            return {k: v.detach().cpu().numpy().copy() for k, v in self.module.state_dict().items()}
+
     # ---------------------------------------------------- optimizer state
     def state_dict(self) -> dict[str, Any]:
         """This rank's optimizer state (ZeRO partitions, fp32 master weights, Adam moments)."""

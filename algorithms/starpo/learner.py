@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
@@ -40,6 +41,7 @@ class StarPOLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         self._ds = None  # DeepSpeedBackend when learner_backend == "deepspeed"
+        self._full_state: dict[str, Any] | None = None  # ZeRO-3: full module state gathered on every rank
         self._ref_lm = None
         self._accumulated = False
         self._lr_factor = 1.0
@@ -70,6 +72,7 @@ class StarPOLearner(TorchLearner):
                                   bf16=p.bf16_autocast and torch.cuda.is_available(),
                                   user=load_user_config(p.deepspeed_config))
             self._ds = DeepSpeedBackend(module, actor, critic, cfg, p.actor_lr, p.critic_lr)
+            self._gather_full_state()
             return  # DeepSpeed owns the optimizer; RLlib's register_optimizer accepts torch optimizers only
         self.register_optimizer(module_id=module_id, optimizer_name="actor",
                                 optimizer=torch.optim.AdamW(actor, lr=p.actor_lr, weight_decay=p.weight_decay),
@@ -84,6 +87,33 @@ class StarPOLearner(TorchLearner):
         # No DDP wrapper: the forward runs per micro-batch inside compute_loss_for_module, so the
         # learner averages gradients itself (compute_gradients) or DeepSpeed does (its step).
         pass
+
+    # ---------------------------------------------------------- ZeRO-3 state
+    # Under ZeRO-3 a rank holds only its parameter partitions, and RLlib asks learner 0 alone for the
+    # module state (checkpoints): a gather there would deadlock. So every rank gathers the full state
+    # together after each update (and at build), and learner 0 answers from that copy. On restore the
+    # weights come back through DeepSpeed's fp32 partitions (StarPO.set_state -> load_backend_state).
+
+    def _gather_full_state(self) -> None:
+        self._full_state = self._ds.full_module_state() if self._ds is not None and self._ds.stage == 3 else None
+
+    @override(TorchLearner)
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        self._gather_full_state()
+
+    @override(TorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if getattr(self, "_full_state", None) is not None and COMPONENT_RL_MODULE in state:
+            state[COMPONENT_RL_MODULE] = {DEFAULT_MODULE_ID: self._full_state}
+        return state
+
+    @override(TorchLearner)
+    def set_state(self, state: dict[str, Any]) -> None:
+        if getattr(self, "_full_state", None) is not None:  # ZeRO-3: partitions cannot take a full state dict
+            state = {k: v for k, v in state.items() if k != COMPONENT_RL_MODULE}
+        super().set_state(state)
 
     # ------------------------------------------------------- pre-update pass
     def compute_rollout_tensors(self, batch: dict[str, np.ndarray], policy_version: int) -> dict[str, np.ndarray]:
@@ -263,8 +293,6 @@ class StarPOLearner(TorchLearner):
         if self._ds is None:
             return super().apply_gradients(gradients_dict)
         norm = self._ds.step()
-        from ray.rllib.core import DEFAULT_MODULE_ID
-
         self.metrics.log_value((DEFAULT_MODULE_ID, "actor/grad_norm"), norm, window=1)
 
     # -------------------------------------------------------------- helpers

@@ -640,7 +640,8 @@ def run_sweep(spec: SweepSpec, tracking_uri: str | None = None, log: Callable[[s
         parent.log_dict(json.loads(json.dumps(spec.raw, default=str)), "config/sweep.yaml")
         parent.log_dict(json.loads(json.dumps(exp, default=str)), "config/base_experiment.json")
         log(f"sweep {spec.name}: MLflow run {parent.run_id} in experiment {mlflow_exp!r} at {uri}")
-        stopper = EchoTrapStopper(spec.echo_trap_stop.patience, spec.echo_trap_stop.signals) if spec.echo_trap_stop else None
+        stop = spec.echo_trap_stop
+        stopper = EchoTrapStopper(stop.patience, stop.signals) if stop else None
         grid = _make_tuner(spec, settings, stopper, log).fit()
         out = _summarize(grid, spec, parent, stopper, log)
         log(f"browse: mlflow ui --backend-store-uri {uri}; compare again: ragen-rllib compare {mlflow_exp} "
@@ -669,7 +670,8 @@ def _make_tuner(spec: SweepSpec, settings: Mapping[str, Any], stopper: EchoTrapS
     return tune.Tuner(
         StarPOTrainable,
         param_space={SETTINGS_KEY: dict(settings), **tune_search_space(spec.search_space)},
-        tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, scheduler=scheduler, num_samples=spec.num_samples,
+        tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, scheduler=scheduler,
+                                    num_samples=spec.num_samples,
                                     # The generator limits concurrency itself (TuneConfig.max_concurrent_trials
                                     # is ignored for a SearchGenerator).
                                     search_alg=BasicVariantGenerator(random_state=spec.seed,
@@ -703,9 +705,11 @@ def _summarize(grid: Any, spec: SweepSpec, parent: Any, stopper: EchoTrapStopper
     parent.log_metrics(summary, step=0)
     if stopper and stopper.stopped:
         parent.log_dict(stopper.stopped, "echo_trap_stopped.json")
-    rows = compare_runs(uri, parent.experiment, spec.metric, parent_run_id=parent.run_id, mode=spec.mode) if children else []
+    rows = (compare_runs(uri, parent.experiment, spec.metric, parent_run_id=parent.run_id, mode=spec.mode)
+            if children else [])
     table = format_table(rows, spec.metric, spec.mode)
-    png = plot_comparison(rows, spec.metric, run_dir / spec.name / "comparison.png", title=f"{spec.name}: {spec.metric}")
+    png = plot_comparison(rows, spec.metric, run_dir / spec.name / "comparison.png",
+                          title=f"{spec.name}: {spec.metric}")
     if png is not None:
         parent.log_artifact(png, "compare")
     parent.log_text(table + "\n", "compare/table.txt")

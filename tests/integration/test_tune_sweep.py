@@ -20,7 +20,8 @@ def test_plot_comparison_writes_a_png_or_skips_without_data(tmp_path: Path) -> N
     from ragen_rllib.tracking.compare import RunRow, plot_comparison
 
     rows = [RunRow(run_id=n * 4, run_name=n, status="FINISHED", config={"starpo.lam": lam}, best=0.9, final=0.5,
-                   iterations=2, wall_s=3.0, curve=((0, 1.0, 0.1), (1, 2.5, 0.9))) for n, lam in (("a", "1.0"), ("b", "0.9"))]
+                   iterations=2, wall_s=3.0, curve=((0, 1.0, 0.1), (1, 2.5, 0.9)))
+            for n, lam in (("a", "1.0"), ("b", "0.9"))]
     out = plot_comparison(rows, "rollout/success", tmp_path / "sub" / "c.png")
     assert out == tmp_path / "sub" / "c.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_comparison([dataclasses.replace(rows[0], curve=())], "m", tmp_path / "none.png") is None

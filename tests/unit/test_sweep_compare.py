@@ -79,7 +79,8 @@ def test_set_routes_sweep_keys_to_the_sweep_and_the_rest_to_the_experiment(tmp_p
     assert spec.iterations == 3 and spec.experiment["iterations"] == 3
     assert spec.experiment["starpo"]["actor_lr"] == 2e-5 and spec.experiment["warmup"]["steps"] == 2
     assert (spec.scheduler.type, spec.scheduler.grace_period) == ("asha", 2)
-    assert spec.search_space["starpo.lam"] == ("grid", (0.9, 1.0)) and "starpo.rollout_filter_ratio" in spec.search_space
+    assert spec.search_space["starpo.lam"] == ("grid", (0.9, 1.0))
+    assert "starpo.rollout_filter_ratio" in spec.search_space
     assert spec.name == "my-sweep"
 
 
