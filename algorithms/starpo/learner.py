@@ -110,6 +110,12 @@ class StarPOLearner(TorchLearner):
         return state
 
     @override(TorchLearner)
+    def get_checkpointable_components(self) -> list[tuple[str, Any]]:
+        if getattr(self, "_full_state", None) is not None:  # ZeRO-3: the module state goes through get_state
+            return []
+        return super().get_checkpointable_components()
+
+    @override(TorchLearner)
     def set_state(self, state: dict[str, Any]) -> None:
         if getattr(self, "_full_state", None) is not None:  # ZeRO-3: partitions cannot take a full state dict
             state = {k: v for k, v in state.items() if k != COMPONENT_RL_MODULE}
