@@ -175,7 +175,8 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
                             run_name=run_name, local_dir=run_dir,
                             run_id=info["mlflow_run_id"] if info else None,
                             tags={"env": params.env, "preset": cfg.get("preset", "starpo_s"), "model": params.model,
-                                  "git_commit": get_git_commit(Path.cwd()) or "unknown",
+                                  "git_commit": get_git_commit(Path.cwd()) or os.environ.get("RAGEN_RLLIB_GIT_COMMIT")
+                                  or "unknown",
                                   "arrow_dir": str(algo.store.directory),
                                   **({"ray_job_id": job_id} if (job_id := current_job_id()) else {})})
     tracker.start()

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 #: Env var that carries the submission id into the job's driver (read by ``current_job_id``).
 JOB_ID_ENV = "RAGEN_RLLIB_RAY_JOB_ID"
+GIT_COMMIT_ENV = "RAGEN_RLLIB_GIT_COMMIT"  # the submitting checkout's commit (a job's working dir has no .git)
 #: Ray sets this in every job driver; its ``metadata.job_submission_id`` is the submission id.
 RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 #: Job states after which nothing changes any more.
@@ -129,6 +130,11 @@ def training_runtime_env(working_dir: str | Path, submission_id: str, env_vars: 
     # `job stop` sends SIGINT, which `train()` handles: finish the iteration, checkpoint, export,
     # close the MLflow run as KILLED. Ray's default (SIGTERM, SIGKILL after 3 s) loses all that.
     env = {**STOP_ENV_DEFAULTS, **env, JOB_ID_ENV: submission_id}
+    from ragen_rllib.tracking.mlflow_logger import get_git_commit  # light: subprocess git, mlflow imported lazily
+
+    commit = get_git_commit(wd)  # the upload has no .git: the driver tags its MLflow run from this
+    if commit and GIT_COMMIT_ENV not in env:
+        env[GIT_COMMIT_ENV] = commit
     return {"working_dir": str(wd), "excludes": list(excludes), "env_vars": env}
 
 

@@ -250,3 +250,19 @@ def test_current_job_id_prefers_ours_then_rays_job_config() -> None:
     assert training_entrypoint("exp s.yaml", "cpu", ["starpo.env=bandit:test"], "sqlite:////tmp/m.db") == (
         "python -m ragen_rllib.cli train --config 'exp s.yaml' --profile cpu --set starpo.env=bandit:test "
         "--tracking-uri sqlite:////tmp/m.db")
+
+
+def test_runtime_env_carries_the_submitting_checkout_commit(tmp_path) -> None:
+    """The uploaded working dir has no .git, so the commit travels as an env var for the MLflow tag."""
+    from pathlib import Path
+
+    from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, training_runtime_env
+    from ragen_rllib.tracking.mlflow_logger import get_git_commit
+
+    repo = Path(__file__).resolve().parents[2]
+    commit = get_git_commit(repo)
+    env = training_runtime_env(repo, "ragen-x")["env_vars"]
+    if commit is None:
+        pytest.skip("the test checkout is not a git work tree (no commit to carry)")
+    assert env[GIT_COMMIT_ENV] == commit and env["RAGEN_RLLIB_RAY_JOB_ID"] == "ragen-x"
+    assert GIT_COMMIT_ENV not in training_runtime_env(tmp_path, "ragen-y")["env_vars"]  # not a repo
