@@ -509,30 +509,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: Text
     out = out or sys.stdout
     inp = inp or sys.stdin
     args = build_parser().parse_args(argv)
-    if args.cmd == "envs":
-        return cmd_envs(args, out)
     if args.cmd == "play":
         return cmd_play(args, out, inp)
-    if args.cmd == "prompt":
-        return cmd_prompt(args, out)
-    if args.cmd == "models":
-        return cmd_models(args, out)
-    if args.cmd == "rollout":
-        return cmd_rollout(args, out)
-    if args.cmd == "trajectories":
-        return cmd_trajectories(args, out)
-    if args.cmd == "train":
-        return cmd_train(args, out)
-    if args.cmd == "eval":
-        return cmd_eval(args, out)
-    if args.cmd == "submit":
-        return cmd_submit(args, out)
-    if args.cmd == "job":
-        return cmd_job(args, out)
-    if args.cmd == "sweep":
-        return cmd_sweep(args, out)
-    if args.cmd == "compare":
-        return cmd_compare(args, out)
+    commands = {"envs": cmd_envs, "prompt": cmd_prompt, "models": cmd_models, "rollout": cmd_rollout,
+                "trajectories": cmd_trajectories, "train": cmd_train, "eval": cmd_eval, "submit": cmd_submit,
+                "job": cmd_job, "sweep": cmd_sweep, "compare": cmd_compare}
+    if args.cmd in commands:
+        return commands[args.cmd](args, out)
     raise AssertionError(f"unhandled command {args.cmd!r}")
 
 

@@ -41,6 +41,28 @@ def _merge(base: dict, over: Mapping) -> dict:
     return out
 
 
+def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set ``key.sub=value`` items in ``cfg`` in place (values parsed as Python literals, else strings).
+
+    Raises:
+        ValueError: an item without ``=``.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        node = cfg
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
+
+
 def load_experiment(path: str | Path, profile: str | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Read an experiment YAML, apply a profile and ``key=value`` overrides.
 
@@ -56,19 +78,7 @@ def load_experiment(path: str | Path, profile: str | None = None, overrides: Seq
         if profile not in profiles:
             raise ValueError(f"{path}: unknown profile {profile!r}; profiles: {sorted(profiles)}")
         cfg = _merge(cfg, profiles[profile])
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        node = cfg
-        *parents, leaf = key.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    apply_overrides(cfg, overrides)
     preset = cfg.get("preset", "starpo_s")
     if preset not in PRESETS:
         raise ValueError(f"{path}: preset must be one of {sorted(PRESETS)}, got {preset!r}")
@@ -280,18 +290,7 @@ def load_resume_config(run_path: str | Path, overrides: Sequence[str] = ()) -> d
     run_path = Path(run_path)
     cfg = read_resume_info(run_path)["config"]
     cfg["run_name"], cfg["run_dir"] = run_path.name, str(run_path.parent)
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        node = cfg
-        *parents, leaf = key.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return cfg
+    return apply_overrides(cfg, overrides)
 
 
 def _checkpoint_dir(run_path: Path) -> Path:
