@@ -44,7 +44,6 @@ class StarPOLearner(TorchLearner):
         self._full_state: dict[str, Any] | None = None  # ZeRO-3: full module state gathered on every rank
         self._ref_lm = None
         self._accumulated = False
-        self._lr_factor = 1.0
         super().build()
 
     @override(TorchLearner)
@@ -186,7 +185,6 @@ class StarPOLearner(TorchLearner):
     def apply_lr_schedule(self, factor: float) -> dict[str, float]:
         """Set every optimizer's LR to its base LR × ``factor`` (from ``S.lr_multiplier``)."""
         p = self.config.starpo
-        self._lr_factor = float(factor)
         if self._ds is not None:
             lrs = self._ds.set_lrs(factor)
             return {"actor/lr": lrs[0], **({"critic/lr": lrs[1]} if len(lrs) > 1 else {})}
