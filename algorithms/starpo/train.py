@@ -145,10 +145,12 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
 
     Every ``checkpoint_freq`` iterations (experiment key, default 1) the algorithm is saved to
     ``<run_dir>/<run_name>/checkpoint`` (atomically replaced), *then* the iteration's metrics go to
-    MLflow, so a crash never leaves logged steps that a resume would redo. ``resume=True``
-    (``ragen-rllib train --resume RUN``) restores that checkpoint (model, critic, optimizer, RNG,
-    seed counter, iteration), reopens the same MLflow run, sends any checkpointed iteration the
-    run lacks, sets aside Arrow files of iterations after the checkpoint, and continues.
+    MLflow. ``resume=True`` (``ragen-rllib train --resume RUN``) restores that checkpoint (model,
+    critic, optimizer, RNG, seed counter, iteration), reopens the same MLflow run, sends any
+    checkpointed iteration the run lacks, sets aside Arrow files of iterations after the
+    checkpoint, and continues. Each MLflow step is logged once: iterations logged after the last
+    checkpoint (``checkpoint_freq`` > 1) are redone but keep their first attempt's metrics in
+    MLflow (tag ``resume_redone_steps``); with ``checkpoint_freq`` 1 nothing is ever redone.
     """
     import ray
 
@@ -202,12 +204,17 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
                                               groups=int(warm.get("groups", 4)),
                                               group_size=int(warm.get("group_size", 4)))):
                 tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
-    else:
-        tracker.set_tags({"resumed_at_iteration": algo.iteration})
-        last = tracker.last_step if tracker.last_step is not None else -1
+    logged = -1  # MLflow steps <= this are already in the run (each step is logged once)
+    if info is not None:
+        logged = tracker.last_step if tracker.last_step is not None else -1
+        tags = {"resumed_at_iteration": algo.iteration}
+        if logged >= algo.iteration:  # logged after the last checkpoint (checkpoint_freq > 1), now redone
+            tags["resume_redone_steps"] = f"{algo.iteration}-{logged} (MLflow keeps their first attempt)"
+        tracker.set_tags(tags)
         for step, m in enumerate(history):  # checkpointed iterations the crash kept from MLflow
-            if step > last:
+            if step > logged:
                 tracker.log_metrics(m, step=step)
+        logged = max(logged, len(history) - 1)
     monitor = EchoTrapMonitor()
     for step, m in enumerate(history):
         monitor.update(m, step=step)
@@ -227,7 +234,8 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             history.append(m)
             if ckpt_freq and ((i + 1) % ckpt_freq == 0 or i + 1 == iterations):
                 save_checkpoint(algo, run_path, history)
-            tracker.log_metrics(m, step=i)
+            if i > logged:
+                tracker.log_metrics(m, step=i)
             eta = (time.perf_counter() - t_start) / (i + 1 - start) * (iterations - i - 1)
             shown = " ".join(f"{k.split('/')[-1]}={m[k]:.3g}" for k in KEY_METRICS if k in m)
             val = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("val/") and k.endswith("/success"))
