@@ -213,19 +213,17 @@ def plot_comparison(rows: Sequence[RunRow], metric: str, out_png: str | os.PathL
     Returns:
         The PNG path, or None when matplotlib is not installed or no run has data.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        logger.warning("matplotlib is not installed: skipping comparison plot %s", out_png)
+    from ragen_rllib.tracking.plots import have_matplotlib, new_figure, save_png
+
+    if not have_matplotlib("comparison plot", out_png):
         return None
+    from matplotlib.ticker import MaxNLocator
+
     with_data = [r for r in rows if r.curve]
     if not with_data:
         logger.warning("no run has %s: skipping comparison plot %s", metric, out_png)
         return None
-    fig = Figure(figsize=(11.0, 4.0), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((11.0, 4.0))
     ax_it, ax_t = fig.subplots(1, 2)
     for r in with_data:
         label = " ".join([r.run_name, *(f"{k.split('.')[-1]}={v}" for k, v in sorted(r.config.items()))])
@@ -243,12 +241,7 @@ def plot_comparison(rows: Sequence[RunRow], metric: str, out_png: str | os.PathL
     ax_it.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_it.legend(fontsize=7, loc="best")
     fig.suptitle(title or metric, fontsize=11)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, out)
-    return out
+    return save_png(fig, out_png)
 
 
 def log_comparison(tracking_uri: str, experiment: str, rows: Sequence[RunRow], metric: str, png: Path | None,

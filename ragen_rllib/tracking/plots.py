@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,7 @@ def plot_curves(history: History, keys: Sequence[str], out_png: str | os.PathLik
     Returns:
         The PNG path, or None when matplotlib is not installed or no key has data.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        logger.warning("matplotlib is not installed: skipping learning-curve plot %s", out_png)
+    if not have_matplotlib("learning-curve plot", out_png):
         return None
     if smooth is not None and not 0.0 < smooth <= 1.0:
         raise ValueError(f"plot_curves(smooth={smooth}): smooth must be in (0, 1]")
@@ -70,8 +67,7 @@ def plot_curves(history: History, keys: Sequence[str], out_png: str | os.PathLik
         return None
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
-    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((4.2 * ncols, 3.0 * nrows))
     axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
     for ax, key in zip(axes, present):
         steps, values = zip(*series[key])
@@ -86,6 +82,31 @@ def plot_curves(history: History, keys: Sequence[str], out_png: str | os.PathLik
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=11)
+    return save_png(fig, out_png)
+
+
+def have_matplotlib(what: str, out_png: str | os.PathLike) -> bool:
+    """True if matplotlib imports; else log that ``what`` (written to ``out_png``) is skipped."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        logger.warning("matplotlib is not installed: skipping %s %s", what, out_png)
+        return False
+    return True
+
+
+def new_figure(figsize: tuple[float, float]) -> Any:
+    """A matplotlib ``Figure`` on the Agg canvas (no GUI backend, thread-safe), 100 dpi."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Any, out_png: str | os.PathLike) -> Path:
+    """Write ``fig`` as PNG via a temp file, then rename (readers never see half a file)."""
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
