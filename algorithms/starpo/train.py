@@ -98,15 +98,19 @@ def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
     return PRESETS[cfg.get("preset", "starpo_s")](**overrides)
 
 
+#: Keys of an experiment's ``rllib:`` section (RLlib resources; ``ray_num_cpus`` for a local ray.init).
+RLLIB_KEYS = ("num_env_runners", "num_cpus_per_env_runner", "num_gpus_per_env_runner",
+              "custom_resources_per_env_runner", "num_learners", "num_cpus_per_learner", "num_gpus_per_learner",
+              "ray_num_cpus")
+
+
 def build_config(cfg: Mapping[str, Any], run_name: str):
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
 
     params = build_params(cfg)
     rl = dict(cfg.get("rllib") or {})
-    known = {"num_env_runners", "num_cpus_per_env_runner", "num_gpus_per_env_runner", "custom_resources_per_env_runner",
-             "num_learners", "num_cpus_per_learner", "num_gpus_per_learner", "ray_num_cpus"}
-    if unknown := sorted(set(rl) - known):
-        raise ValueError(f"rllib: unknown key(s) {unknown}; known: {sorted(known)}")
+    if unknown := sorted(set(rl) - set(RLLIB_KEYS)):
+        raise ValueError(f"rllib: unknown key(s) {unknown}; known: {sorted(RLLIB_KEYS)}")
     conf = (StarPOConfig().training(starpo=params)
             .env_runners(num_env_runners=int(rl.get("num_env_runners", 0)),
                          num_cpus_per_env_runner=rl.get("num_cpus_per_env_runner", 1),
@@ -154,7 +158,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
     """
     import ray
 
-    from ragen_rllib.launch.jobs import current_job_id
+    from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, current_job_id
     from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
     from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
 
@@ -187,7 +191,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
                             run_name=run_name, local_dir=run_dir,
                             run_id=info["mlflow_run_id"] if info else None,
                             tags={"env": params.env, "preset": cfg.get("preset", "starpo_s"), "model": params.model,
-                                  "git_commit": get_git_commit(Path.cwd()) or os.environ.get("RAGEN_RLLIB_GIT_COMMIT")
+                                  "git_commit": get_git_commit(Path.cwd()) or os.environ.get(GIT_COMMIT_ENV)
                                   or "unknown",
                                   "arrow_dir": str(algo.store.directory),
                                   **({"ray_job_id": job_id} if (job_id := current_job_id()) else {})})
