@@ -31,7 +31,6 @@ from ray.rllib.utils.annotations import override
 from ragen_rllib.algorithms.starpo.config import StarPOConfig
 from ragen_rllib.algorithms.starpo.learner import DEFER_FORWARD
 from ragen_rllib.core import starpo as S
-from ragen_rllib.core.masked import masked_whiten
 from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, take_groups, to_padded_tensors, with_kept
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.trajectory.summary import summarize
@@ -181,44 +180,54 @@ class StarPO(Algorithm):
         return set(unique[kept_idx].tolist()), metrics
 
     def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:
+        """The update batch: token rewards placed (``S.place_rewards``), then either advantages
+        from a no-grad learner pass (old log-probs, values), or, when the update's own forward
+        can supply those (``_reuses_update_forward``), the rewards alone: the learner then
+        computes the advantages from that forward, detached (the same pure ``S.estimate_advantages``)."""
         p = self.config.starpo
         t = to_padded_tensors(train)
-        np_batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
-                    "loss_mask": t[Col.LOSS_MASK].numpy(), "policy_version": t[Col.POLICY_VERSION].numpy()}
-        version = self.policy_version
-        extra = _first(self.learner_group.foreach_learner(lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
         mask = t[Col.LOSS_MASK]
+        np_batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
+                    "loss_mask": mask.numpy(), "policy_version": t[Col.POLICY_VERSION].numpy(),
+                    "sample_logprobs": t[Col.SAMPLE_LOGPROBS].numpy()}
         turn_rewards = [list(r) for r in train[Col.TURN_REWARDS].to_pylist()]
         token_turn = _pad_token_turn(train, mask.shape)
-        metrics: dict[str, float] = {}
         rewards = S.place_rewards(mask, token_turn, turn_rewards, per_turn=p.use_turn_scores)
-        if p.kl_mode == "reward":
-            kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask, p.kl_type)
-            rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
-            metrics.update(kl_metrics)
-        values = torch.as_tensor(extra["old_values"])
-        if p.adv_estimator == "gae" and p.bi_level_gae:
-            adv, returns = S.compute_turn_level_gae(rewards, values, mask, token_turn, p.gamma, p.lam,
-                                                    turn_gamma=p.high_level_gamma, turn_lam=p.lam)
-            if p.whiten_advantages:
-                adv = masked_whiten(adv, mask) * mask
-        elif p.adv_estimator == "gae":
-            adv, returns = S.compute_gae(rewards, values, mask, p.gamma, p.lam)
-            if p.whiten_advantages:
-                adv = masked_whiten(adv, mask) * mask
+        n = len(np_batch["token_ids"])
+        metrics: dict[str, float] = {}
+        if self._reuses_update_forward(np_batch["attention_mask"].sum(1).tolist()):
+            if np.any(np_batch["policy_version"] != self.policy_version):
+                raise RuntimeError(f"off-policy rows: algorithm at policy_version {self.policy_version}, rows carry "
+                                   f"{sorted(set(int(v) for v in np_batch['policy_version']))}")
+            batch = {**np_batch, "token_rewards": rewards.numpy().astype(np.float32),
+                     "token_turn": token_turn.numpy(), "group_ids": t[Col.GROUP_ID].numpy().astype(np.int64)}
         else:
-            scores = rewards.sum(-1)
-            adv_seq = S.grpo_advantages(scores, t[Col.GROUP_ID], norm_std=p.grpo_norm_std, scope=p.grpo_scope)
-            adv, returns = S.broadcast_to_tokens(adv_seq, mask), torch.zeros_like(mask)
-        metrics["actor/entropy_rollout"] = float((torch.as_tensor(extra["entropy"]) * mask).sum() / mask.sum().clamp(min=1))
-        batch = {**np_batch, "old_logp": extra["old_logp"], "old_values": extra["old_values"],
-                 "sample_logprobs": t[Col.SAMPLE_LOGPROBS].numpy(), "advantages": adv.numpy().astype(np.float32),
-                 "returns": returns.numpy().astype(np.float32)}
-        if "ref_logp" in extra:
-            batch["ref_logp"] = extra["ref_logp"]
-        n = len(batch["token_ids"])
+            version = self.policy_version
+            extra = _first(self.learner_group.foreach_learner(lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
+            if p.kl_mode == "reward":
+                kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask,
+                                  p.kl_type)
+                rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
+                metrics.update(kl_metrics)
+            adv, returns = S.estimate_advantages(
+                rewards, torch.as_tensor(extra["old_values"]), mask, token_turn, t[Col.GROUP_ID], **p.adv_kwargs())
+            metrics["actor/entropy_rollout"] = float((torch.as_tensor(extra["entropy"]) * mask).sum()
+                                                     / mask.sum().clamp(min=1))
+            batch = {**np_batch, "old_logp": extra["old_logp"], "old_values": extra["old_values"],
+                     "advantages": adv.numpy(), "returns": returns.numpy()}
+            if "ref_logp" in extra:
+                batch["ref_logp"] = extra["ref_logp"]
         batch[DEFER_FORWARD] = np.ones(n, dtype=np.float32)  # the learner micro-batches its own forward
         return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n), metrics
+
+    def _reuses_update_forward(self, lengths: list[int]) -> bool:
+        """True when the update's forward can give the old log-probs and values (detached) exactly:
+        one epoch, one mini-batch, one micro-batch, one learner, no KL in the reward (it needs them
+        before the update) and no dropout (the no-grad pass runs in eval mode)."""
+        p = self.config.starpo
+        return (p.reuse_update_forward and p.ppo_epochs == 1 and len(lengths) <= p.ppo_mini_batch_size
+                and len(S.plan_micro_batches(lengths, p.ppo_max_token_len_per_gpu)) == 1
+                and p.kl_mode != "reward" and p.lora_dropout == 0 and self.config.num_learners <= 1)
 
     def _update(self, batch: MultiAgentBatch) -> dict[str, float]:
         p = self.config.starpo

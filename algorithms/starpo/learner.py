@@ -3,7 +3,10 @@
 Per update batch (keys, all (B, T) unless noted; right-padded): ``token_ids``, ``attention_mask``,
 ``loss_mask``, ``old_logp`` (nats), ``advantages``, ``returns``, ``old_values``, optional
 ``ref_logp``, and ``defer_forward`` (B,). The Algorithm computes advantages (pure functions) from
-the tensors this learner returns in ``compute_rollout_tensors`` before the update.
+the tensors this learner returns in ``compute_rollout_tensors`` before the update; or, when one
+epoch of one mini-batch in one micro-batch is all there is (``StarPO._reuses_update_forward``), it
+sends ``token_rewards``, ``token_turn`` (B, T) and ``group_ids`` (B,) instead, and the update's own
+forward, detached, supplies the old log-probs and values (no second forward; ratio exactly 1).
 
 The update path is RLlib's (forward → loss → gradients → postprocess → apply). With
 ``defer_forward`` in the batch the RLModule's ``forward_train`` returns nothing and
@@ -32,7 +35,7 @@ from ragen_rllib.core import starpo as S
 #: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
 DEFER_FORWARD = "defer_forward"
 _BATCH_KEYS_2D = ("token_ids", "attention_mask", "loss_mask", "old_logp", "advantages", "returns", "old_values",
-                  "ref_logp", "sample_logprobs")
+                  "ref_logp", "sample_logprobs", "token_rewards", "token_turn")
 
 
 class StarPOLearner(TorchLearner):
@@ -221,10 +224,16 @@ class StarPOLearner(TorchLearner):
         plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
         self._zero_grad()
         total, metrics = 0.0, {}
+        reuse = "sft" not in batch and "advantages" not in batch  # old log-probs/values from this forward
+        if reuse and len(plan) != 1:
+            raise RuntimeError(f"an update batch without advantages needs one micro-batch, planned {len(plan)}")
         for j, idx in enumerate(plan):
             mb = _take(batch, idx)
             w = S.micro_batch_scale(mb["loss_mask"], n_tok, n_rows, agg)
-            loss, m = self._loss(p, mb, module.forward_train(mb))
+            fwd = module.forward_train(mb)
+            if reuse:
+                mb = self._old_from_update_forward(p, module, mb, fwd, metrics)
+            loss, m = self._loss(p, mb, fwd)
             self._backward(loss * w, last=j == len(plan) - 1)
             total += float(loss.detach()) * w
             for k, v in m.items():
@@ -233,6 +242,36 @@ class StarPOLearner(TorchLearner):
         self._accumulated = True
         self._log(module_id, metrics)
         return torch.tensor(total)
+
+    def _old_from_update_forward(self, p: Any, module: Any, mb: dict[str, torch.Tensor],
+                                 fwd: dict[str, torch.Tensor], metrics: dict[str, float]) -> dict[str, torch.Tensor]:
+        """Old log-probs and values as this forward's own outputs, detached, and the advantages from
+        them (``S.estimate_advantages``, as the Algorithm computes them otherwise).
+
+        With one epoch and one mini-batch the weights have not moved since the rollout, so a
+        separate no-grad pass would give the same numbers: the ratio is exactly 1 and the gradient
+        unchanged. Adds ``actor/entropy_rollout`` to ``metrics``.
+
+        Args:
+            mb: the micro-batch (= the mini-batch) with ``token_rewards``, ``token_turn`` (B, T) and
+                ``group_ids`` (B,) instead of ``old_logp`` / ``advantages`` / ``returns``.
+
+        Returns:
+            ``mb`` plus ``old_logp``, ``old_values``, ``advantages``, ``returns`` (and ``ref_logp``
+            with ``kl_mode='loss'``), all (B, T) float32.
+        """
+        mask = mb["loss_mask"].float()
+        old_logp = fwd["logp"].detach()
+        old_values = fwd["values"].detach() if "values" in fwd else torch.zeros_like(old_logp)
+        adv, returns = S.estimate_advantages(mb["token_rewards"].float(), old_values.float(), mask,
+                                             mb["token_turn"].long(), mb["group_ids"].long(), **p.adv_kwargs())
+        out = {**mb, "old_logp": old_logp, "old_values": old_values, "advantages": adv, "returns": returns}
+        if p.kl_mode != "off":
+            with torch.no_grad():
+                out["ref_logp"] = torch.as_tensor(self._ref_logp(module, mb), device=old_logp.device)
+        metrics["actor/entropy_rollout"] = float((fwd["entropy"].detach() * mask).sum() / mask.sum().clamp(min=1))
+        metrics["actor/old_logp_from_update_forward"] = 1.0
+        return out
 
     def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor]
               ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -98,6 +98,16 @@ class StarPOParams:
     offload_optimizer: bool = False  # ZeRO-Offload of the optimizer state to CPU (compiles cpu_adam once)
     deepspeed_config: str | None = None  # a user DeepSpeed JSON; merged under the fields above
     bf16_autocast: bool = False  # learner forward/backward under bf16 autocast (CPU with avx512_bf16, GPUs)
+    # --- learner speed (exact: same log-probs, values and gradients, tested)
+    share_prefix: bool = True  # a prefix shared by several rows (a group's first prompt) is forwarded once
+    # With one epoch, one mini-batch and one micro-batch (StarPO-S on the CPU profiles), the old
+    # log-probs and values are the update's own forward, detached (as verl / TRL): no second forward.
+    # Falls back to a separate no-grad pass otherwise (and with kl_mode='reward', lora_dropout > 0
+    # or several learners).
+    reuse_update_forward: bool = True
+    # --- engine placement: vLLM's engine core in its own process (own threads; vLLM pins an
+    # in-process engine's torch to one thread, which then also slows the learner). Default on.
+    engine_own_process: bool = True
     # --- LoRA (peft; verl's lora_rank / lora_alpha / target_modules): adapters on the policy only,
     # base weights frozen; engines and the exported model get the merged W + (alpha / r) * B @ A
     lora_rank: int = 0  # 0 = full fine-tuning
@@ -178,6 +188,12 @@ class StarPOParams:
         if self.offload_optimizer and self.learner_backend != "deepspeed":
             raise bad("offload_optimizer", "needs learner_backend='deepspeed'")
         return self
+
+    def adv_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``ragen_rllib.core.starpo.estimate_advantages`` from these params."""
+        return dict(estimator=self.adv_estimator, gamma=self.gamma, lam=self.lam, bi_level=self.bi_level_gae,
+                    turn_gamma=self.high_level_gamma, whiten=self.whiten_advantages,
+                    grpo_norm_std=self.grpo_norm_std, grpo_scope=self.grpo_scope)
 
     @property
     def use_critic(self) -> bool:

@@ -36,7 +36,7 @@ from typing import Final, NamedTuple
 import torch
 from torch import Tensor
 
-from ragen_rllib.core.masked import masked_mean, masked_sum, masked_var
+from ragen_rllib.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "AGG_MODES",
@@ -52,6 +52,7 @@ __all__ = [
     "compute_turn_level_gae",
     "entropy_bonus",
     "entropy_from_logits",
+    "estimate_advantages",
     "group_reward_stats",
     "group_reward_std",
     "grpo_advantages",
@@ -623,6 +624,55 @@ def broadcast_to_tokens(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     if advantages.shape != sampled.shape[:1]:
         raise ValueError(f"advantages shape {tuple(advantages.shape)} != (B={sampled.shape[0]},)")
     return _zero_outside(advantages.unsqueeze(1).expand_as(sampled), sampled)
+
+
+ADV_ESTIMATORS: Final = ("gae", "grpo")
+
+
+@torch.no_grad()
+def estimate_advantages(token_rewards: Tensor, values: Tensor, loss_mask: Tensor, token_turn: Tensor,
+                        group_ids: Tensor, *, estimator: str, gamma: float, lam: float, bi_level: bool = False,
+                        turn_gamma: float = 1.0, whiten: bool = True, grpo_norm_std: bool = False,
+                        grpo_scope: str = "group") -> tuple[Tensor, Tensor]:
+    """Token advantages and value targets for one batch: the one dispatch over estimators.
+
+    - ``"gae"``: ``compute_gae`` (or ``compute_turn_level_gae`` with ``bi_level``), then, with
+      ``whiten``, ``masked_whiten`` over all sampled tokens of the batch (RAGEN/verl).
+    - ``"grpo"``: episode score = Σ token rewards; ``grpo_advantages`` per group (or batch),
+      spread over the sampled tokens; value targets are zeros (no critic).
+
+    Args:
+        token_rewards: (B, T) float per-token rewards (``place_rewards``, minus any KL penalty).
+        values: (B, T) float critic values (zeros without a critic; unused by ``"grpo"``).
+        loss_mask: (B, T), non-zero on sampled tokens.
+        token_turn: (B, T) int64 turn index (read only by bi-level GAE).
+        group_ids: (B,) int64 initial-state group (read only by ``"grpo"``).
+        estimator: One of ``ADV_ESTIMATORS``.
+        gamma, lam: token-level GAE γ, λ.
+        bi_level: turn-level GAE first (``compute_turn_level_gae``); GAE only.
+        turn_gamma: γ between turns (bi-level only); its λ is ``lam``.
+        whiten: whiten GAE advantages over the batch's sampled tokens.
+        grpo_norm_std, grpo_scope: see ``grpo_advantages``.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) float32, 0 at unsampled positions.
+    """
+    if estimator not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {list(ADV_ESTIMATORS)}")
+    mask = loss_mask.to(values.dtype)
+    if estimator == "gae":
+        if bi_level:
+            adv, returns = compute_turn_level_gae(token_rewards, values, mask, token_turn, gamma, lam,
+                                                  turn_gamma=turn_gamma, turn_lam=lam)
+        else:
+            adv, returns = compute_gae(token_rewards, values, mask, gamma, lam)
+        if whiten:
+            adv = masked_whiten(adv, mask) * mask
+    else:
+        adv = broadcast_to_tokens(grpo_advantages(token_rewards.sum(-1), group_ids, norm_std=grpo_norm_std,
+                                                  scope=grpo_scope), mask)
+        returns = torch.zeros_like(mask)
+    return adv.float(), returns.float()
 
 
 # --------------------------------------------------------------------------------------------

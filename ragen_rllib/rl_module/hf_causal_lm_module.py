@@ -34,6 +34,8 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
+from ragen_rllib.core.prefix import PrefixGroup, plan_shared_prefixes
+
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
 
 
@@ -41,7 +43,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM policy (+ critic) as a TorchRLModule.
 
     ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
-    docstring), ``bf16_autocast`` (bool), ``seed`` (value-head init), and for LoRA ``lora_rank``
+    docstring), ``bf16_autocast`` (bool), ``share_prefix`` (bool, default True), ``seed``
+    (value-head init), and for LoRA ``lora_rank``
     (int, 0 = off), ``lora_alpha`` (float), ``lora_dropout`` (float), ``lora_target_modules``
     (tuple of module names, or ``("all-linear",)``).
     """
@@ -62,6 +65,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                                  targets=tuple(cfg.get("lora_target_modules", ("all-linear",))))
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
         self.bf16_autocast = bool(cfg.get("bf16_autocast", False))
+        self.share_prefix = bool(cfg.get("share_prefix", True))
         hidden = self.lm.config.hidden_size
         if self.critic_type == "separate":
             self.critic_trunk = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
@@ -80,13 +84,46 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     # ------------------------------------------------------------------ forward
     def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        model = _unwrap_peft(model)
-        base = model.base_model if hasattr(model, "base_model") else model
-        return base(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+        return _base_model(model)(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, T, H)
+
+    def _hidden(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                plan: tuple[list[PrefixGroup], list[int]] | None) -> torch.Tensor:
+        """Last hidden states (B, T, H) of ``model``'s trunk; with a ``plan``, each shared prefix is
+        forwarded once and its rows continue from its key/value cache (exact: a causal prefix's
+        states do not depend on what follows). Positions past a row's length are zeros."""
+        if plan is None or not plan[0]:
+            return self._trunk(model, ids, attn)
+        groups, alone = plan
+        base = _base_model(model)
+        parts: list[tuple[list[int], int, torch.Tensor]] = []
+        for g in groups:
+            rows = torch.as_tensor(g.rows, device=ids.device)
+            t_len, n = int(attn[rows].sum(1).max()), len(g.rows)
+            pre = base(input_ids=ids[rows[:1], :g.prefix_len], attention_mask=attn[rows[:1], :g.prefix_len],
+                       use_cache=True)
+            cache = pre.past_key_values
+            cache.batch_repeat_interleave(n)  # (1, ...) -> (n, ...) per layer; differentiable
+            suffix = base(input_ids=ids[rows, g.prefix_len:t_len], attention_mask=attn[rows, :t_len],
+                          past_key_values=cache, use_cache=True).last_hidden_state
+            parts.append((g.rows, t_len, torch.cat([pre.last_hidden_state.expand(n, -1, -1), suffix], 1)))
+        if alone:
+            rows = torch.as_tensor(alone, device=ids.device)
+            t_len = max(1, int(attn[rows].sum(1).max()))
+            parts.append((alone, t_len, base(input_ids=ids[rows, :t_len], attention_mask=attn[rows, :t_len]
+                                             ).last_hidden_state))
+        h0 = parts[0][2]
+        out = torch.zeros((*ids.shape, h0.shape[-1]), dtype=h0.dtype, device=h0.device)
+        for rows, t_len, h in parts:
+            out[torch.as_tensor(rows, device=ids.device), :t_len] = h.to(out.dtype)
+        return out
 
     def score(self, token_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-              with_values: bool, with_entropy: bool) -> dict[str, torch.Tensor]:
+              with_values: bool, with_entropy: bool, share_prefix: bool | None = None) -> dict[str, torch.Tensor]:
         """Per-token log-probs (+ entropy, values) at sampled positions.
+
+        With ``share_prefix`` (default: the module's ``model_config["share_prefix"]``) rows that
+        share a prefix (the N samples of a group share their first prompt) compute it once (``ragen_rllib.core.prefix``); outputs and gradients equal the
+        unshared forward up to float rounding (tested to 1e-5 in fp32).
 
         Args:
             token_ids: (B, T) int64, right-padded.
@@ -101,8 +138,10 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         out: dict[str, torch.Tensor] = {}
         ctx = torch.autocast("cpu" if token_ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
                              enabled=self.bf16_autocast)
+        share = self.share_prefix if share_prefix is None else share_prefix
+        plan = plan_shared_prefixes(token_ids, attention_mask, loss_mask) if share else None
         with ctx:
-            h = self._trunk(self.lm, token_ids, attention_mask)[:, :-1]  # (B, T-1, H)
+            h = self._hidden(self.lm, token_ids, attention_mask, plan)[:, :-1]  # (B, T-1, H)
             h_sel = h[sel]  # (N, H)
             logits = _unwrap_peft(self.lm).get_output_embeddings()(h_sel).float()  # (N, V)
         logp_all = torch.log_softmax(logits, dim=-1)
@@ -117,7 +156,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         if with_values and self.critic_type is not None:
             with ctx:
                 hv = h_sel if self.critic_type == "value_head" else \
-                    self._trunk(self.critic_trunk, token_ids, attention_mask)[:, :-1][sel]
+                    self._hidden(self.critic_trunk, token_ids, attention_mask, plan)[:, :-1][sel]
                 v = self.value_head(hv).squeeze(-1).float()
             values = torch.zeros_like(logp)
             values[:, 1:][sel] = v
@@ -154,6 +193,12 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         if self.lora_rank > 0:
             return merged_lora_state_dict(self.lm)
         return {k: v for k, v in self.lm.state_dict().items()}
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """The decoder trunk (no LM head) of an HF causal LM, a peft-wrapped one, or a bare ``AutoModel``."""
+    model = _unwrap_peft(model)
+    return model.base_model if hasattr(model, "base_model") else model
 
 
 def _unwrap_peft(model: nn.Module) -> nn.Module:

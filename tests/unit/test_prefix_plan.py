@@ -1,0 +1,49 @@
+"""``plan_shared_prefixes``: which rows share which prefix (hand-computed cases)."""
+
+from __future__ import annotations
+
+import torch
+
+from ragen_rllib.core.prefix import PrefixGroup, plan_shared_prefixes
+
+
+def _batch(rows: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows: (token ids, index of the first sampled token); everything after it is sampled."""
+    t = max(len(ids) for ids, _ in rows)
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    attn = torch.zeros(len(rows), t, dtype=torch.long)
+    mask = torch.zeros(len(rows), t)
+    for b, (r, first) in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        attn[b, : len(r)] = 1
+        mask[b, first: len(r)] = 1
+    return ids, attn, mask
+
+
+def test_rows_with_the_same_prompt_share_their_longest_common_prefix() -> None:
+    ids, attn, mask = _batch([
+        ([1, 2, 3, 4, 9, 9, 7], 4),   # prompt 1 2 3 4, reply 9 9 7
+        ([5, 6, 7, 8, 1], 4),         # another prompt, alone
+        ([1, 2, 3, 4, 9, 8], 4),      # same prompt, reply shares its first token 9 with row 0
+        ([1, 2, 3, 4, 9, 9, 7, 1], 4),
+    ])
+    groups, alone = plan_shared_prefixes(ids, attn, mask)
+    # LCP of rows 0, 2, 3 is 1 2 3 4 9 (5 tokens); every row keeps >= 1 own token (row 2 has 6).
+    assert groups == [PrefixGroup(rows=[0, 2, 3], prefix_len=5)]
+    assert alone == [1]
+
+
+def test_prefix_is_cut_so_every_row_keeps_a_token_and_unsampled_rows_stay_alone() -> None:
+    ids, attn, mask = _batch([([1, 2, 3, 4], 3), ([1, 2, 3, 4], 3), ([1, 2, 3], 3)])
+    mask[2] = 0  # row 2 has nothing sampled
+    groups, alone = plan_shared_prefixes(ids, attn, mask)
+    assert groups == [PrefixGroup(rows=[0, 1], prefix_len=3)]  # identical rows: all but the last token
+    assert alone == [2]
+
+
+def test_short_or_single_prefixes_are_not_shared() -> None:
+    ids, attn, mask = _batch([([1, 5, 6], 1), ([1, 7, 8], 1), ([2, 3, 4, 5], 2)])
+    groups, alone = plan_shared_prefixes(ids, attn, mask)  # shared prompt of 1 token < min_prefix 2
+    assert groups == [] and alone == [0, 1, 2]
+    groups, alone = plan_shared_prefixes(ids, attn, mask, min_prefix=1)
+    assert groups == [PrefixGroup(rows=[0, 1], prefix_len=1)] and alone == [2]
