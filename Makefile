@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run rollout prompts test test-unit test-all bench-envs bench-rollout model clean
+.PHONY: setup run rollout prompts test test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -33,6 +33,17 @@ prompts: model
 
 bench-rollout: model
 	@$(PY) benchmarks/rollout.py
+
+# Speed: the learner update vs bare torch (shared vs unshared prefixes), then per-stage iteration
+# times and scaling in trajectories and turns (~20 min on the 2-core CPU box). Ratios come from
+# baselines measured in the same run.
+bench: bench-learner bench-iteration
+
+bench-learner: model
+	@$(PY) benchmarks/learner.py
+
+bench-iteration: model
+	@$(PY) benchmarks/iteration.py --json runs/bench_iteration.json
 
 # Default tiers: unit + integration + vllm (CPU) + learning (tiny model). gpu is opt-in.
 test: model

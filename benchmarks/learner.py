@@ -107,11 +107,14 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2, help="kept groups (StarPO-S keeps 2 of 8 on the Bandit)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--with-engine", action="store_true",
+                    help="start the experiment's rollout engine in this process first (the in-process placement)")
     args = ap.parse_args()
 
     import ray
 
     from ragen_rllib.algorithms.starpo.train import build_config, load_experiment
+
     from ragen_rllib.models import resolve_model
 
     sets = ["starpo.test_freq=0"] + ([f"starpo.env={args.env}"] if args.env else [])
@@ -120,6 +123,8 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = build_config(cfg, "bench-learner").build_algo()
     p = algo.config.starpo
+    if args.with_engine:
+        algo.env_runner.engine  # noqa: B018 -- builds the in-process engine (as a run's first sample does)
     table = _demo_table(p, args.groups, args.group_size)
     lengths = [len(x) for x in table["token_ids"].to_pylist()]
     print(f"batch: {table.num_rows} rows ({args.groups} groups x {args.group_size}), env {p.env}, "

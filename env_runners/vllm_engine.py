@@ -250,7 +250,9 @@ class VLLMEngine:
         """
         import torch
 
-        weights = [(name, torch.as_tensor(t)) for name, t in named_tensors]
+        # In the engine's dtype already: vLLM would cast each tensor anyway (and warn per tensor).
+        dtype = getattr(torch, self.dtype) if isinstance(self.dtype, str) else self.dtype
+        weights = [(name, torch.as_tensor(t).to(dtype)) for name, t in named_tensors]
         t0 = time.perf_counter()
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._llm.reset_prefix_cache()

@@ -160,7 +160,7 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
 
     from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, current_job_id
     from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
-    from ragen_rllib.tracking.memory import PeakMemory, return_freed_memory_promptly
+    from ragen_rllib.tracking.memory import PeakMemory
     from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
 
     run_name = cfg.get("run_name") or time.strftime("starpo-%Y%m%d-%H%M%S")
@@ -172,7 +172,6 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
     tr = dict(cfg.get("tracking") or {})
     uri = tracking_uri or tr.get("tracking_uri")
     info = read_resume_info(run_path) if resume else None
-    return_freed_memory_promptly()
     memory = PeakMemory().start()  # this process and its descendants (local Ray, engine processes)
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # a Ray job's driver / a chosen cluster: connect, never start one
@@ -267,7 +266,9 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         memory.sample()
         log(f"peak memory of the run (driver + Ray + engine processes): {memory.peak_rss_gb:.2f} GB summed RSS, "
             f"{memory.peak_pss_gb:.2f} GB summed PSS (shared pages split)")
-        tracker.log_metrics(memory.metrics(), step=len(history))
+        # the run's peak, final validation and export included, at the last iteration's step (a new
+        # step would read as one more logged iteration to `--resume`)
+        tracker.log_metrics(memory.metrics(), step=max(0, len(history) - 1))
         log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
             f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
             f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "

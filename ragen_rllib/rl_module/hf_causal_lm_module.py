@@ -182,6 +182,22 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=False,
                               with_entropy=False)
 
+    @override(TorchRLModule)
+    def get_state(self, components: Any = None, *, not_components: Any = None, inference_only: bool = False,
+                  **kwargs: Any) -> dict[str, Any]:
+        """RLlib's state (numpy arrays) as views of the parameters, not copies.
+
+        RLlib's default converts with ``reduce_type=True``, whose ``astype(float32)`` copies every
+        array even when it is float32 already: a checkpoint then held the model twice.
+        """
+        from ray.rllib.utils.numpy import convert_to_numpy
+
+        state = self.state_dict()
+        if inference_only and not self.inference_only:
+            drop = tuple(f"{a}." for a in self.get_non_inference_attributes())
+            state = {k: v for k, v in state.items() if not k.startswith(drop)}
+        return convert_to_numpy(state, reduce_type=False)
+
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights under their HF names (what the engines load).
 

@@ -19,33 +19,7 @@ import threading
 
 import psutil
 
-__all__ = ["PeakMemory", "return_freed_memory_promptly", "tree_memory_gb"]
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt() parameters
-
-
-def return_freed_memory_promptly(threshold_bytes: int = 1 << 20) -> bool:
-    """Make glibc serve allocations above ``threshold_bytes`` with their own ``mmap`` and trim the
-    heap above it, so a freed tensor goes back to the OS at once.
-
-    glibc's default raises its mmap threshold after each large free (up to 32 MiB), after which
-    tensors of that size live in heaps that never shrink: measured in a training process here, the
-    learner build held 0.4 GB and each iteration 0.3 GB more than its live tensors. Returns False
-    where there is no glibc (nothing changes).
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or not os.uname().sysname == "Linux":
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, threshold_bytes))
-    except (OSError, AttributeError):
-        return False
-
+__all__ = ["PeakMemory", "tree_memory_gb"]
 
 def tree_memory_gb(pid: int | None = None, with_pss: bool = True) -> tuple[float, float]:
     """Summed (RSS, PSS) in GB of process ``pid`` (default: this one) and all its descendants.

