@@ -10,7 +10,7 @@ optimizer step on it per repetition; medians over ``--reps`` after one warm-up r
    log-probs and values from the update's own forward.
 2. **ours, unshared**: the same with ``share_prefix`` off (every row forwards its own prompt).
 3. **ours, separate old-log-prob pass**: ``reuse_update_forward`` off (a no-grad pass first).
-4. **bare torch**: the same model, value head, bf16 autocast and AdamW in a hand-written loop
+4. **bare torch**: the same model, value head, bf16 autocast and fused AdamW in a hand-written loop
    with no RLlib and no prefix sharing: forward, log-probs at sampled positions only, PPO
    clipped loss + value loss, backward, clip, step. "learner / bare" >= 0.9 is the goal.
 5. **bare torch, full logits**: the same but logits at every position (what a plain
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -110,6 +111,7 @@ def main() -> None:
     ap.add_argument("--with-engine", action="store_true",
                     help="start the experiment's rollout engine in this process first (the in-process placement)")
     args = ap.parse_args()
+    t_all = time.perf_counter()
 
     import ray
 
@@ -155,7 +157,9 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model(p.model), dtype=torch.float32, local_files_only=True)
     head = torch.nn.Linear(model.config.hidden_size, 1)
-    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=p.actor_lr, weight_decay=p.weight_decay)
+    # the same fused AdamW as the learner, so the ratio measures the learner, not the optimizer kernel
+    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=p.actor_lr, weight_decay=p.weight_decay,
+                            fused=True)
     tt = to_padded_tensors(table)
     mask = tt[Col.LOSS_MASK].float()
     g = torch.Generator().manual_seed(0)
@@ -172,6 +176,8 @@ def main() -> None:
     print(f"prefix-shared vs unshared update: {results['ours, unshared'] / results['ours']:.2f}x faster")
     print(f"update forward reused vs separate old-logp pass: "
           f"{results['ours, separate old-logp pass'] / results['ours']:.2f}x faster")
+    print(f"\ncommand: {' '.join(['benchmarks/learner.py', *sys.argv[1:]])}; "
+          f"total wall time {time.perf_counter() - t_all:.0f} s")
 
 
 if __name__ == "__main__":

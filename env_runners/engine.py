@@ -14,7 +14,7 @@ the learner recomputes, so the two can be compared token by token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 import ray
-from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
@@ -62,10 +62,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
             p = self.params
             self._tok = load_tokenizer(p.model)
-            kw = {"kv_cache_tokens": self._kv_cache_tokens()} if p.engine == "vllm" else {}
+            kw = {"kv_cache_tokens": self._kv_cache_tokens(), "dtype": p.engine_dtype} if p.engine == "vllm" else {}
             self._engine = make_engine(p.engine, p.model, seed=p.seed + 7919 * (self.worker_index or 0),
-                                       max_model_len=p.max_context_tokens + p.response_length,
-                                       dtype=p.engine_dtype, **kw)
+                                       max_model_len=p.max_context_tokens + p.response_length, **kw)
             self._engine.policy_version = self.policy_version
             if self._pending_weights is not None:
                 weights, version = self._pending_weights

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from ragen_rllib.envs import list_envs, list_variants, make_env
+from ragen_rllib.envs import list_envs, make_env
 from ragen_rllib.envs.registry import env_class
 from ragen_rllib.prompting import PromptConfig, Turn, build_messages, execute_reply
 

@@ -375,7 +375,7 @@ def _adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> 
     """AdamW, fused (one kernel per parameter, no temporaries) where torch has it for the device.
 
     The default multi-tensor ("foreach") step allocates temporaries as large as all parameters
-    together: on CPU that is the model's size again at every step, for no speed gain.
+    together (the model's size again, at every step); the fused step updates in place.
     """
     fused = bool(params) and params[0].device.type in ("cpu", "cuda")
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)

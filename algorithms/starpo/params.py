@@ -30,7 +30,7 @@ class StarPOParams:
     # --- model and engine
     model: str = "smollm2-135m-instruct"  # known name or local HF folder
     engine: str = "vllm"  # rollout engine in the env runners
-    engine_dtype: str = "auto"  # vLLM weights/KV dtype; "auto": bfloat16 on GPUs, float32 on CPU
+    engine_dtype: str = "auto"  # vLLM weights/KV dtype; "auto": bfloat16 on GPUs, float32 on CPU (HF engine: fp32)
     # --- rollout (RAGEN es_manager / agent_proxy)
     env: str = "bandit"  # env or env:variant
     env_config: Mapping[str, Any] = field(default_factory=dict)
@@ -119,7 +119,8 @@ class StarPOParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"StarPOParams.{name} {why}, got {getattr(self, name)!r}")
 
-        choices = {"engine": ENGINES, "engine_dtype": ("auto", "float32", "bfloat16", "float16"), "rollout_filter_type": FILTER_TYPES, "adv_estimator": ADV_ESTIMATORS,
+        choices = {"engine": ENGINES, "engine_dtype": ("auto", "float32", "bfloat16", "float16"),
+                   "rollout_filter_type": FILTER_TYPES, "adv_estimator": ADV_ESTIMATORS,
                    "loss_agg_mode": LOSS_AGG_MODES, "kl_mode": KL_MODES, "kl_type": KL_TYPES,
                    "critic_type": CRITIC_TYPES, "old_logp_source": OLD_LOGP_SOURCES, "grpo_scope": ("group", "batch"),
                    "warmup_style": WARMUP_STYLES, "learner_backend": LEARNER_BACKENDS, "zero_stage": (1, 2, 3)}

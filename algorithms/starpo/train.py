@@ -21,7 +21,6 @@ import math
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -266,9 +265,10 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         memory.sample()
         log(f"peak memory of the run (driver + Ray + engine processes): {memory.peak_rss_gb:.2f} GB summed RSS, "
             f"{memory.peak_pss_gb:.2f} GB summed PSS (shared pages split)")
-        # the run's peak, final validation and export included, at the last iteration's step (a new
-        # step would read as one more logged iteration to `--resume`)
-        tracker.log_metrics(memory.metrics(), step=max(0, len(history) - 1))
+        # The whole run's peak (final validation and export included) as tags: the per-iteration
+        # metric sys/peak_rss_gb already holds the peak up to each iteration, and a metric step
+        # after the last iteration would read as one more logged iteration to `--resume`.
+        tracker.set_tags({k.replace("/", "."): f"{v:.3f}" for k, v in memory.metrics().items()})
         log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
             f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
             f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "

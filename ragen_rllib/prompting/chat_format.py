@@ -19,7 +19,7 @@ Import-light: stdlib only. The tokenizer is duck-typed (anything with ``apply_ch
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 Message = dict[str, str]

@@ -43,28 +43,31 @@ def tree_memory_gb(pid: int | None = None, with_pss: bool = True) -> tuple[float
 
 
 class PeakMemory:
-    """Track the peak of ``tree_memory_gb`` every ``interval_s`` seconds until ``stop``.
+    """Track the peak of ``tree_memory_gb`` every ``interval_s`` seconds until ``stop`` (RSS every
+    sample, PSS every ``pss_every``-th: its peak is sampled more coarsely).
 
     Use as a context manager or ``start()`` / ``stop()``; ``peak_rss_gb`` and ``peak_pss_gb`` can
     be read at any time (the peak so far).
     """
 
-    def __init__(self, interval_s: float = 0.5, pid: int | None = None) -> None:
-        self.interval_s, self.pid = interval_s, pid
+    def __init__(self, interval_s: float = 0.5, pid: int | None = None, pss_every: int = 10) -> None:
+        self.interval_s, self.pid, self.pss_every = interval_s, pid, pss_every
         self.peak_rss_gb = self.peak_pss_gb = 0.0
+        self._samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def sample(self) -> tuple[float, float]:
-        """Take one sample now, update the peaks and return (rss, pss) in GB."""
-        rss, pss = tree_memory_gb(self.pid)
+    def sample(self, with_pss: bool = True) -> tuple[float, float]:
+        """Take one sample now, update the peaks and return (rss, pss) in GB (pss 0.0 without it)."""
+        rss, pss = tree_memory_gb(self.pid, with_pss=with_pss)
         self.peak_rss_gb, self.peak_pss_gb = max(self.peak_rss_gb, rss), max(self.peak_pss_gb, pss)
         return rss, pss
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.sample()
+            try:  # PSS reads every mapping of every process (smaps): only every pss_every-th sample
+                self.sample(with_pss=self._samples % self.pss_every == 0)
+                self._samples += 1
             except Exception:  # noqa: BLE001 -- a monitor must never take the run down
                 pass
             self._stop.wait(self.interval_s)

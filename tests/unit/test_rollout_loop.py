@@ -147,3 +147,22 @@ def test_weights_changing_mid_rollout_is_detected() -> None:
     engine.generate = bump
     with pytest.raises(RuntimeError, match="policy_version"):
         RolloutLoop(engine, TOK, RolloutSpec("bandit", group_size=1)).run([(0, 0)])
+
+
+def test_kv_tokens_for_counts_shared_first_prompts_once_and_bounds_every_row() -> None:
+    """KV-cache sizing from the batch: distinct first prompts once, plus per row its replies and, for
+    later turns, observations bounded by the longest first prompt; each row capped by the context."""
+    engine = ScriptedEngine(TOK, lambda text, call, row: "x</think><answer>Up</answer>")
+    spec = RolloutSpec("frozen_lake", group_size=1, max_turns=3, sampling=SamplingParams(max_new_tokens=7),
+                       prompt=PromptConfig(max_context_tokens=10**6))
+    loop = RolloutLoop(engine, TOK, spec)
+    heads = {s: len(loop._start(0, s, 0).head) for s in (100, 101)}
+    longest = max(heads.values())
+    per_row = 3 * 7 + 2 * longest
+    assert loop.kv_tokens_for([100, 101], group_size=4) == sum(heads.values()) + 8 * per_row
+    # the same initial state twice: its prompt is cached once, its rows still count
+    assert loop.kv_tokens_for([100, 100], group_size=4) == heads[100] + 8 * (3 * 7 + 2 * heads[100])
+    tight = RolloutLoop(engine, TOK, RolloutSpec("frozen_lake", group_size=1, max_turns=3,
+                                                  sampling=SamplingParams(max_new_tokens=7),
+                                                  prompt=PromptConfig(max_context_tokens=heads[100] + 5)))
+    assert tight.kv_tokens_for([100], group_size=2) == heads[100] + 2 * (5 + 7)  # context budget + one reply

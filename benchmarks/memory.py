@@ -1,0 +1,93 @@
+"""Where a training run's memory goes: resident memory after each step of the run lifecycle.
+
+Builds the experiment's algorithm exactly as ``ragen-rllib train`` does (Bandit CPU profile by
+default: the learner and the vLLM engine in this one process, a local Ray) and prints, after each
+step, this process's RSS and the change, then the Ray processes' RSS and the summed total (what
+``sys/peak_rss_gb`` sums). Steps: imports, ``ray.init``, learner build (policy + value head),
+engine build, one sample, the first update (gradients and AdamW moments appear), the weight sync,
+three more iterations, a validation, a checkpoint (``save_to_path``).
+
+Units: GB = 1e9 bytes. Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import psutil
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="experiments/bandit_starpo_s.yaml")
+    ap.add_argument("--profile", default="cpu")
+    args = ap.parse_args()
+    me = psutil.Process()
+    last = [0.0]
+
+    def step(name: str) -> None:
+        rss = me.memory_info().rss / 1e9
+        print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})", flush=True)
+        last[0] = rss
+
+    t0 = time.perf_counter()
+    step("start")
+    import mlflow  # noqa: F401 -- imported by every run (tracking)
+    import ray
+    import torch  # noqa: F401
+    import vllm  # noqa: F401
+
+    from ragen_rllib.algorithms.starpo.train import build_config, load_experiment
+    from ragen_rllib.trajectory import take_groups
+
+    step("imports (torch, ray, vllm, mlflow, ...)")
+    cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0"])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    step("ray.init")
+    algo = build_config(cfg, "bench-memory").build_algo()
+    step("learner built (policy + value head, fp32)")
+    algo.env_runner.engine  # noqa: B018 -- the in-process engine, as the first sample builds it
+    step(f"engine built (vLLM, {algo.config.starpo.engine_dtype})")
+
+    def iteration(i: int, label: str) -> None:
+        table, _ = algo._sample_train_groups(i)
+        if i == 0:
+            step("first sample")
+        kept, _ = algo._filter(table)
+        batch, _ = algo._advantages(take_groups(table, kept))
+        algo._update(batch)
+        if i == 0:
+            step("first update (+ gradients, AdamW moments)")
+        algo._sync_weights()
+        step(label)
+
+    iteration(0, "first weight sync")
+    for i in range(1, 4):
+        iteration(i, f"iteration {i + 1}")
+    algo.validate()
+    step("validation")
+    with tempfile.TemporaryDirectory() as d:
+        algo.save_to_path(d)
+        step("checkpoint (save_to_path)")
+    others = 0.0
+    print("\nother processes of the run (Ray):")
+    for child in me.children(recursive=True):
+        try:
+            rss = child.memory_info().rss / 1e9
+        except psutil.NoSuchProcess:
+            continue
+        others += rss
+        if rss > 0.02:
+            print(f"  {' '.join(child.cmdline())[:90]:<90} {rss:.2f} GB")
+    total = me.memory_info().rss / 1e9 + others
+    print(f"\nsummed RSS now: {total:.2f} GB (this process {me.memory_info().rss / 1e9:.2f} + others {others:.2f}); "
+          f"pid {os.getpid()}; {time.perf_counter() - t0:.0f} s")
+    algo.stop()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
