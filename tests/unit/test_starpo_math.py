@@ -672,3 +672,26 @@ def test_lr_multiplier_hand_values():
         S.lr_multiplier(0, 10, style="linear")
     with pytest.raises(ValueError, match="total_steps=0"):
         S.lr_multiplier(0, 0)
+
+
+def test_estimate_advantages_dispatches_like_the_composed_functions() -> None:
+    """GAE (+ whitening over the batch's sampled tokens) and GRPO (group baseline on the summed
+    token rewards, spread over sampled tokens; zero value targets), on a hand-made 2-row batch."""
+    from ragen_rllib.core.masked import masked_whiten
+
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 1]], dtype=torch.float32)
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 0.5, 0.0, 0.0]])
+    values = torch.tensor([[9.0, 0.2, 0.4, 9.0], [9.0, 0.1, 9.0, 0.3]])
+    turns = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1]])
+    gids = torch.tensor([7, 7])
+    adv, ret = S.estimate_advantages(rewards, values, mask, turns, gids, estimator="gae", gamma=1.0, lam=1.0)
+    raw, raw_ret = S.compute_gae(rewards, values, mask, 1.0, 1.0)
+    assert torch.allclose(adv, masked_whiten(raw, mask) * mask) and torch.allclose(ret, raw_ret)
+    # row 0: A = R - V at each sampled token (gamma = lam = 1): [1 - 0.2, 1 - 0.4]
+    assert torch.allclose(raw[0, 1:3], torch.tensor([0.8, 0.6]))
+    adv, ret = S.estimate_advantages(rewards, values, mask, turns, gids, estimator="grpo", gamma=1.0, lam=1.0)
+    # scores 1.0 and 0.5, one group, mean 0.75: +0.25 / -0.25 on each row's sampled tokens
+    assert torch.allclose(adv, torch.tensor([[0, 0.25, 0.25, 0], [0, -0.25, 0, -0.25]]))
+    assert torch.equal(ret, torch.zeros_like(mask))
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        S.estimate_advantages(rewards, values, mask, turns, gids, estimator="vtrace", gamma=1.0, lam=1.0)
