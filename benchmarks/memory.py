@@ -7,7 +7,8 @@ step, this process's RSS and the change, then the Ray processes' RSS and the sum
 engine build, one sample, the first update (gradients and AdamW moments appear), the weight sync,
 three more iterations, a validation, a checkpoint (``save_to_path``).
 
-Units: GB = 1e9 bytes. Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
+The allocator is the CLI's (jemalloc, ``ragen_rllib.launch.allocator``); ``RAGEN_ALLOCATOR=system``
+measures glibc's malloc instead. Units: GB = 1e9 bytes. Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def main() -> None:
     ap.add_argument("--config", default="experiments/bandit_starpo_s.yaml")
     ap.add_argument("--profile", default="cpu")
     args = ap.parse_args()
+    from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
+
+    reexec_script_with_jemalloc()  # as `ragen-rllib train` runs
     me = psutil.Process()
     last = [0.0]
 
@@ -40,12 +44,12 @@ def main() -> None:
     import torch  # noqa: F401
     import vllm  # noqa: F401
 
-    from ragen_rllib.algorithms.starpo.train import build_config, load_experiment
+    from ragen_rllib.algorithms.starpo.train import NO_PRESTART, build_config, load_experiment
     from ragen_rllib.trajectory import take_groups
 
     step("imports (torch, ray, vllm, mlflow, ...)")
     cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=NO_PRESTART)
     step("ray.init")
     algo = build_config(cfg, "bench-memory").build_algo()
     step("learner built (policy + value head, fp32)")

@@ -506,6 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: TextIO | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    if argv is None:  # the real command line (not a test calling main): the allocator is set per process
+        from ragen_rllib.launch.allocator import reexec_with_jemalloc
+
+        reexec_with_jemalloc(sys.argv[1:])
     out = out or sys.stdout
     inp = inp or sys.stdin
     args = build_parser().parse_args(argv)

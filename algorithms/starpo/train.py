@@ -97,6 +97,8 @@ def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
     return PRESETS[cfg.get("preset", "starpo_s")](**overrides)
 
 
+#: Ray system config of a local ``ray.init``: start workers on demand, not two idle ones up front.
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 #: Keys of an experiment's ``rllib:`` section (RLlib resources; ``ray_num_cpus`` for a local ray.init).
 RLLIB_KEYS = ("num_env_runners", "num_cpus_per_env_runner", "num_gpus_per_env_runner",
               "custom_resources_per_env_runner", "num_learners", "num_cpus_per_learner", "num_gpus_per_learner",
@@ -176,8 +178,10 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         if os.environ.get("RAY_ADDRESS"):  # a Ray job's driver / a chosen cluster: connect, never start one
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         else:
+            # No pre-started idle workers: a local run's learner and engine live in this process, and
+            # each idle worker holds 85 MB (benchmarks/memory.py).
             ray.init(num_cpus=int((cfg.get("rllib") or {}).get("ray_num_cpus", 2)), include_dashboard=False,
-                     log_to_driver=False)
+                     log_to_driver=False, _system_config=NO_PRESTART)
     algo = build_config(cfg, run_name).build_algo()
     history: list[dict[str, float]] = []
     if info is not None:
