@@ -55,6 +55,16 @@ def _first(results: Any) -> Any:
     raise RuntimeError("no learner answered")
 
 
+def _mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Per-step learner metrics combined over an iteration's optimizer steps: the mean, the max
+    for ``*_max`` keys (e.g. ``actor/ppo_kl_max``)."""
+    out: dict[str, float] = {}
+    for key in {k for step in steps for k in step}:
+        vals = [float(step[key]) for step in steps if key in step]
+        out[key] = max(vals) if key.endswith("_max") else float(np.mean(vals))
+    return out
+
+
 def success_ci95(successes: np.ndarray) -> tuple[float, float]:
     """Mean and 95% half-width (Wilson score interval) of a 0/1 array."""
     n = len(successes)
@@ -235,9 +245,19 @@ class StarPO(Algorithm):
         factor = S.lr_multiplier(self.iteration, max(1, p.total_training_steps), p.lr_warmup_steps, p.warmup_style,
                                  p.min_lr_ratio)
         lrs = _first(self.learner_group.foreach_learner(lambda lrn: lrn.apply_lr_schedule(factor)))
-        results = self.learner_group.update(batch=batch, minibatch_size=min(p.ppo_mini_batch_size, n),
-                                            num_epochs=p.ppo_epochs, shuffle_batch_per_epoch=False)
-        return {**_flatten_learner_results(results), **lrs}
+        # One learner_group.update per optimizer step, over a mini-batch we cut ourselves: RLlib's
+        # cyclic iterator would repeat rows when n is not a multiple of the mini-batch (bug B), and
+        # its minibatch_size counts per learner shard, which scaled the step with the learner count
+        # (bug C). minibatch_size=None: each learner takes its whole shard as one step, and the
+        # learners average their gradients, so a step is ppo_mini_batch_size rows in all.
+        sample = batch.policy_batches[DEFAULT_MODULE_ID]
+        steps: list[dict[str, float]] = []
+        for _ in range(p.ppo_epochs):
+            for rows in S.plan_mini_batches(n, p.ppo_mini_batch_size, min_rows=max(1, self.config.num_learners)):
+                mb = MultiAgentBatch({DEFAULT_MODULE_ID: sample[rows.start:rows.stop]}, env_steps=len(rows))
+                steps.append(_flatten_learner_results(self.learner_group.update(batch=mb, minibatch_size=None,
+                                                                                num_epochs=1)))
+        return {**_mean_over_steps(steps), "actor/optimizer_steps": float(len(steps)), **lrs}
 
     def _sync_weights(self) -> float:
         """Learner 0's policy weights -> every env runner's engine, stamped with the next version.
@@ -414,8 +434,9 @@ class StarPO(Algorithm):
             batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
                      "loss_mask": t[Col.LOSS_MASK].numpy(), "sft": np.ones(n, dtype=np.float32),
                      DEFER_FORWARD: np.ones(n, dtype=np.float32)}
+            # minibatch_size=None: one step over each learner's whole shard (n would cycle a shard to n rows)
             res = self.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n),
-                                            minibatch_size=n, num_epochs=1)
+                                            minibatch_size=None, num_epochs=1)
             m = {k: v for k, v in _flatten_learner_results(res).items() if "sft" in k or "norm" in k}
             m["time/warmup_step"] = time.perf_counter() - t0
             history.append(m)

@@ -306,7 +306,8 @@ class StarPOLearner(TorchLearner):
                                        cliprange_value=p.cliprange_value, loss_agg_mode=p.loss_agg_mode)
             loss = loss + vf_loss
             metrics.update(vm)
-        metrics.update(S.logprob_gap_metrics(batch["old_logp"], batch["sample_logprobs"], mask))
+        if p.temperature == 1.0:  # the engines' log-probs are raw (T=1): comparable only at T=1
+            metrics.update(S.logprob_gap_metrics(batch["old_logp"], batch["sample_logprobs"], mask))
         return loss, {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------ gradients

@@ -151,6 +151,13 @@ class StarPOParams:
                 raise bad(name, "must be >= 0")
         if self.actor_lr == 0:
             raise bad("actor_lr", "must be > 0")
+        if self.temperature == 0:  # the learner scores under softmax(logits / temperature)
+            raise bad("temperature", "must be > 0 for training rollouts (greedy decoding is for validation: "
+                                     "val_temperature=0)")
+        if self.old_logp_source == "sampler" and self.temperature != 1.0:
+            raise bad("old_logp_source", "'sampler' needs temperature=1.0: the engines return raw (T=1) "
+                                         "log-probs, while the learner scores at the sampling temperature; "
+                                         "use old_logp_source='recompute'")
         if self.format_penalty > 0:
             raise bad("format_penalty", "must be <= 0")
         if self.kl_mode != "off" and self.kl_coef <= 0:

@@ -986,6 +986,32 @@ def micro_batch_scale(loss_mask_mb: Tensor, n_tokens_total: int, n_rows_total: i
     return rows / n_rows_total if n_rows_total > 0 else 0.0
 
 
+def plan_mini_batches(n_rows: int, mini_batch_size: int, min_rows: int = 1) -> list[range]:
+    """Split one epoch's rows into optimizer-step mini-batches: consecutive, each row exactly once.
+
+    Chunks of ``mini_batch_size`` rows in order, the last one shorter when ``n_rows`` is not a
+    multiple (as verl's ``DataProto.split``); a last chunk of fewer than ``min_rows`` rows (e.g.
+    fewer rows than learners to shard it over) joins the chunk before it. Never wraps around:
+    RLlib's cyclic mini-batch iterator would repeat rows 0..15 of 48 rows with mini-batches of 32.
+
+    Args:
+        n_rows: rows (trajectories) in the update batch, ≥ 0.
+        mini_batch_size: rows per optimizer step (``ppo_mini_batch_size``, over all learners), ≥ 1.
+        min_rows: smallest allowed chunk (≥ 1; the learner count when each learner needs a row).
+
+    Returns:
+        Row ranges, in order; empty for ``n_rows == 0``.
+    """
+    if mini_batch_size < 1 or min_rows < 1:
+        raise ValueError(f"mini_batch_size and min_rows must be >= 1, got {mini_batch_size} and {min_rows}")
+    bounds = list(range(0, n_rows, mini_batch_size)) + [n_rows]
+    chunks = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    if len(chunks) > 1 and len(chunks[-1]) < min_rows:
+        last = chunks.pop()
+        chunks[-1] = range(chunks[-1].start, last.stop)
+    return chunks
+
+
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Split rows into micro-batches whose padded size (rows × longest row) fits a token budget.
 

@@ -43,7 +43,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM policy (+ critic) as a TorchRLModule.
 
     ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
-    docstring), ``bf16_autocast`` (bool), ``share_prefix`` (bool, default True), ``seed``
+    docstring), ``bf16_autocast`` (bool), ``share_prefix`` (bool, default True), ``temperature``
+    (float > 0, default 1.0: the sampling temperature the training log-probs are taken at), ``seed``
     (value-head init), and for LoRA ``lora_rank``
     (int, 0 = off), ``lora_alpha`` (float), ``lora_dropout`` (float), ``lora_target_modules``
     (tuple of module names, or ``("all-linear",)``).
@@ -66,6 +67,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
         self.bf16_autocast = bool(cfg.get("bf16_autocast", False))
         self.share_prefix = bool(cfg.get("share_prefix", True))
+        self.temperature = float(cfg.get("temperature", 1.0))
+        if not self.temperature > 0:
+            raise ValueError(f"model_config['temperature'] must be > 0, got {self.temperature!r}")
         hidden = self.lm.config.hidden_size
         if self.critic_type == "separate":
             self.critic_trunk = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
@@ -118,8 +122,13 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         return out
 
     def score(self, token_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-              with_values: bool, with_entropy: bool, share_prefix: bool | None = None) -> dict[str, torch.Tensor]:
-        """Per-token log-probs (+ entropy, values) at sampled positions.
+              with_values: bool, with_entropy: bool, share_prefix: bool | None = None,
+              temperature: float | None = None) -> dict[str, torch.Tensor]:
+        """Per-token log-probs (+ entropy, values) at sampled positions, under ``softmax(logits / T)``.
+
+        ``T`` is ``temperature`` (default: the module's ``model_config["temperature"]``, the
+        rollout's sampling temperature), so the ratio, the KL and the entropy are those of the
+        distribution the engine sampled from (as verl does); the SFT warm-up passes 1.0.
 
         With ``share_prefix`` (default: the module's ``model_config["share_prefix"]``) rows that
         share a prefix (the N samples of a group share their first prompt) compute it once
@@ -145,7 +154,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             h = self._hidden(self.lm, token_ids, attention_mask, plan)[:, :-1]  # (B, T-1, H)
             h_sel = h[sel]  # (N, H)
             logits = _unwrap_peft(self.lm).get_output_embeddings()(h_sel).float()  # (N, V)
-        logp_all = torch.log_softmax(logits, dim=-1)
+        temp = self.temperature if temperature is None else float(temperature)
+        logp_all = torch.log_softmax(logits / temp if temp != 1.0 else logits, dim=-1)
         targets = token_ids[:, 1:][sel]
         logp = torch.zeros(loss_mask.shape, dtype=torch.float32, device=token_ids.device)
         logp[:, 1:][sel] = logp_all.gather(-1, targets[:, None]).squeeze(-1)
@@ -168,8 +178,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         if "defer_forward" in batch:  # the learner runs the forward per micro-batch (learner.DEFER_FORWARD)
             return {}
+        # The SFT warm-up's cross-entropy is the model's own distribution (T=1), not the sampler's.
         return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=True,
-                          with_entropy=True)
+                          with_entropy=True, temperature=1.0 if "sft" in batch else None)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """RLlib enters ``module.no_sync()`` with > 1 learners (a DDP API). There is no DDP wrapper

@@ -88,6 +88,40 @@ def test_micro_batches_give_the_one_pass_gradient(tiny_model_dir, ray_local, tmp
         algo.stop()
 
 
+def test_update_trains_each_row_once_per_epoch(tiny_model_dir, ray_local, tmp_path) -> None:
+    """Bug B on the real stack: 6 rows, mini-batches of 4, 2 epochs -> 4 optimizer steps over rows
+    [0..3], [4, 5], [0..3], [4, 5] (RLlib's cyclic iterator trained [0..3], [4, 5, 0, 1])."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    from ragen_rllib.algorithms.starpo.learner import DEFER_FORWARD, StarPOLearner
+
+    algo = _build(_params(tiny_model_dir, ppo_mini_batch_size=4, ppo_epochs=2), tmp_path, "rows")
+    seen: list[list[int]] = []
+    orig = StarPOLearner.compute_loss_for_module
+
+    def spy(self, *, module_id, config, batch, fwd_out):
+        seen.append(batch["token_ids"][:, 0].tolist())  # row r starts with token r + 3
+        return orig(self, module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+    B, T = 6, 10
+    ids = torch.arange(B)[:, None].repeat(1, T) + 3
+    mask = torch.zeros(B, T)
+    mask[:, 5:] = 1.0
+    batch = {"token_ids": ids.numpy(), "attention_mask": np.ones((B, T), dtype=np.int64), "loss_mask": mask.numpy(),
+             "advantages": mask.numpy(), "returns": mask.numpy(), "old_values": np.zeros((B, T), np.float32),
+             "old_logp": np.zeros((B, T), np.float32), "sample_logprobs": np.zeros((B, T), np.float32),
+             DEFER_FORWARD: np.ones(B, np.float32)}
+    try:
+        StarPOLearner.compute_loss_for_module = spy
+        out = algo._update(MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=B))
+    finally:
+        StarPOLearner.compute_loss_for_module = orig
+        algo.stop()
+    assert [[r - 3 for r in rows] for rows in seen] == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5]]
+    assert out["actor/optimizer_steps"] == 4.0
+
+
 def test_lr_schedule_reaches_the_optimizers(tiny_model_dir, ray_local, tmp_path) -> None:
     from ragen_rllib.core.starpo import lr_multiplier
 

@@ -11,7 +11,7 @@ from ragen_rllib.trajectory.schema import Col
 pytestmark = pytest.mark.integration
 
 
-def _module(model_dir, critic_type: str | None):
+def _module(model_dir, critic_type: str | None, **extra):
     import gymnasium as gym
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
@@ -20,7 +20,7 @@ def _module(model_dir, critic_type: str | None):
     torch.manual_seed(0)
     text = gym.spaces.Text(max_length=1 << 16)
     return RLModuleSpec(module_class=HFCausalLMModule, observation_space=text, action_space=text, model_config={
-        "model_path": str(model_dir), "critic_type": critic_type, "seed": 0}).build()
+        "model_path": str(model_dir), "critic_type": critic_type, "seed": 0, **extra}).build()
 
 
 def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,3 +137,28 @@ def test_update_forward_as_old_logp_gives_the_same_loss_and_gradient(tiny_model_
             assert (grads_reuse[n] - grads_sep[n]).abs().max() <= 1e-6 * max(1.0, float(grads_sep[n].abs().max())), n
     finally:
         algo.stop()
+
+
+def test_score_takes_log_probs_at_the_sampling_temperature(tiny_model_dir) -> None:
+    """Bug D: the learner's log-probs and entropies are those of softmax(logits / T), the
+    distribution the engine sampled from; the SFT warm-up (``sft`` in the batch) stays at T=1."""
+    module = _module(tiny_model_dir, None, temperature=0.7)
+    ids, attn, mask = _multi_turn_batch(module.lm.config.vocab_size)
+    with torch.no_grad():
+        logits = module.lm(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        for temp, got in ((0.7, module.score(ids, attn, mask, with_values=False, with_entropy=True)),
+                          (1.0, module.forward_train({"token_ids": ids, "attention_mask": attn, "loss_mask": mask,
+                                                      "sft": torch.ones(len(ids))}))):
+            logp_all = torch.log_softmax(logits / temp, -1)
+            want = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+            ent = -(logp_all.exp() * logp_all).sum(-1) * mask[:, 1:]
+            torch.testing.assert_close(got["logp"][:, 1:], want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got["entropy"][:, 1:], ent, atol=1e-5, rtol=1e-5)
+
+
+def test_the_algorithm_config_hands_the_sampling_temperature_to_the_module(tiny_model_dir) -> None:
+    from ragen_rllib.algorithms.starpo.config import StarPOConfig
+    from ragen_rllib.algorithms.starpo.params import starpo_s
+
+    cfg = StarPOConfig().training(starpo=starpo_s(model=str(tiny_model_dir), engine="hf", temperature=0.6))
+    assert cfg.get_default_rl_module_spec().model_config["temperature"] == 0.6

@@ -64,3 +64,14 @@ def test_unknown_field_is_rejected() -> None:
 def test_bi_level_gae_needs_the_critic() -> None:
     with pytest.raises(ValueError, match="bi_level_gae"):
         StarPOParams().replace(adv_estimator="grpo", bi_level_gae=True)
+
+
+def test_training_temperature_must_be_positive_and_sampler_logps_need_t1():
+    from ragen_rllib.algorithms.starpo.params import starpo_s
+
+    with pytest.raises(ValueError, match="temperature"):
+        starpo_s(model="m", temperature=0.0)
+    with pytest.raises(ValueError, match="old_logp_source"):
+        starpo_s(model="m", temperature=0.7, old_logp_source="sampler")
+    assert starpo_s(model="m", temperature=0.7).temperature == 0.7
+    assert starpo_s(model="m", val_temperature=0.0).val_temperature == 0.0  # greedy validation stays allowed

@@ -695,3 +695,18 @@ def test_estimate_advantages_dispatches_like_the_composed_functions() -> None:
     assert torch.equal(ret, torch.zeros_like(mask))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         S.estimate_advantages(rewards, values, mask, turns, gids, estimator="vtrace", gamma=1.0, lam=1.0)
+
+
+def test_plan_mini_batches_covers_each_row_once_without_wraparound():
+    from ragen_rllib.core.starpo import plan_mini_batches
+
+    # Bug B: 48 rows with mini-batch 32 are two steps of 32 and 16 (RLlib's cyclic iterator trained 0..15 twice).
+    assert plan_mini_batches(48, 32) == [range(0, 32), range(32, 48)]
+    assert plan_mini_batches(64, 32) == [range(0, 32), range(32, 64)]
+    assert plan_mini_batches(16, 32) == [range(0, 16)]
+    assert plan_mini_batches(0, 32) == []
+    # A last chunk too small to shard over 2 learners joins the one before it.
+    assert plan_mini_batches(33, 32, min_rows=2) == [range(0, 33)]
+    assert plan_mini_batches(34, 32, min_rows=2) == [range(0, 32), range(32, 34)]
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        plan_mini_batches(4, 0)
