@@ -1,12 +1,12 @@
 """DeepSpeed ZeRO as the StarPO learner's optimisation backend (the only module importing deepspeed).
 
-``StarPOLearner`` keeps the RLlib update path (forward, loss, gradients, apply) and delegates
-three things to a backend when ``learner_backend="deepspeed"``: backward (with gradient
-accumulation over micro-batches), the optimizer step (ZeRO-partitioned, gradient reduction
-across learners), and the optimizer state. An FSDP2 backend would implement the same five
-methods (``backward``, ``step``, ``set_lrs``, ``policy_state``, ``state_dict``/``load_state_dict``).
+``StarPOLearner`` keeps the RLlib update path (forward, loss, gradients, apply) and delegates to a
+``backends.LearnerBackend``; this is the one for ``learner_backend="deepspeed"``: backward (with
+gradient accumulation over micro-batches), the optimizer step (ZeRO-partitioned, gradient
+reduction across learners, per-optimizer clipping), and the optimizer state. An FSDP2 backend
+would implement the same protocol.
 
-Measured gotchas handled here (setup-notes §2):
+Measured gotchas handled here:
 
 - Ray Train initialises ``torch.distributed`` (gloo on CPU, NCCL on GPUs) but does not export
   ``LOCAL_RANK``; DeepSpeed asserts on it. With one local learner (``num_learners`` 0 or 1) there is
@@ -102,54 +102,91 @@ def _ensure_dist_env() -> None:
 
 
 class DeepSpeedBackend:
-    """One DeepSpeed engine over the whole RLModule (policy + critic), two param groups.
+    """DeepSpeed ZeRO engines over the RLModule; implements ``backends.LearnerBackend``.
+
+    Clipping is per optimizer, as in the torch backend: with a separate critic (its own trunk and
+    head, a graph disjoint from the policy's) the actor and the critic are two engines, each
+    clipping its own global norm, so a large critic gradient never sets the actor's clip factor.
+    With ``critic_type="value_head"`` the head shares the policy trunk's graph (the value loss's
+    gradient flows into the trunk), which one backward must cover, so actor and head are two
+    parameter groups of one engine and DeepSpeed clips and reports their joint norm
+    (``actor/grad_norm``; the head is ``hidden_size + 1`` parameters).
 
     Args:
         module: the (unwrapped) RLModule; DeepSpeed hooks its submodules, so calling
             ``module.score`` directly still gathers ZeRO-3 partitions.
-        actor_params / critic_params: trainable parameters of each group (critic may be empty).
+        actor_params / critic_params: trainable parameters of each optimizer (critic may be empty).
         ds_config: from ``build_ds_config``.
-        actor_lr / critic_lr: base learning rates of the two groups.
+        actor_lr / critic_lr: base learning rates.
+        critic_modules: the critic's own modules when its graph is disjoint from the policy's
+            (separate critic: trunk and head): then it gets its own engine. None: one engine.
     """
 
     def __init__(self, module: nn.Module, actor_params: list[nn.Parameter], critic_params: list[nn.Parameter],
-                 ds_config: dict[str, Any], actor_lr: float, critic_lr: float) -> None:
+                 ds_config: dict[str, Any], actor_lr: float, critic_lr: float,
+                 critic_modules: list[nn.Module] | None = None) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
         import deepspeed
 
         _ensure_dist_env()
-        groups = [{"params": actor_params, "lr": actor_lr, "name": "actor"}]
-        if critic_params:
-            groups.append({"params": critic_params, "lr": critic_lr, "name": "critic"})
         self.module = module
-        self.stage = int(ds_config["zero_optimization"]["stage"])
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=module, model_parameters=groups,
-                                                                 config=ds_config)
-        self.base_lrs = [actor_lr, critic_lr][: len(groups)]
+        self.zero_stage = int(ds_config["zero_optimization"]["stage"])
+        #: role -> (engine, [(group role, base LR)] in param-group order)
+        self.engines: dict[str, tuple[Any, list[tuple[str, float]]]] = {}
+
+        def engine(model: nn.Module, groups: list[tuple[str, list[nn.Parameter], float]]) -> Any:
+            eng, _, _, _ = deepspeed.initialize(model=model, config=ds_config, model_parameters=[
+                {"params": params, "lr": lr, "name": role} for role, params, lr in groups])
+            return eng, [(role, lr) for role, _, lr in groups]
+
+        if critic_params and critic_modules:
+            self.engines["actor"] = engine(module.lm, [("actor", actor_params, actor_lr)])
+            self.engines["critic"] = engine(nn.ModuleList(critic_modules), [("critic", critic_params, critic_lr)])
+        else:
+            self.engines["actor"] = engine(module, [("actor", actor_params, actor_lr)]
+                                           + ([("critic", critic_params, critic_lr)] if critic_params else []))
 
     # ----------------------------------------------------------- update path
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
-        """Accumulate gradients of one micro-batch; the reduction happens at ``last``."""
-        self.engine.set_gradient_accumulation_boundary(last)
-        self.engine.backward(loss)
-
-    def step(self) -> float:
-        """Optimizer step (clipping, ZeRO reduction/partition update); returns the pre-clip grad norm."""
-        self.engine.set_gradient_accumulation_boundary(True)
-        self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
-
     def zero_grad(self) -> None:
-        self.engine.zero_grad()
+        for eng, _ in self.engines.values():
+            eng.zero_grad()
 
-    def set_lrs(self, factor: float) -> list[float]:
+    def backward(self, actor_loss: torch.Tensor, critic_loss: torch.Tensor | None, last: bool) -> None:
+        """Accumulate one micro-batch's gradients; each engine reduces at ``last``."""
+        if "critic" in self.engines and critic_loss is not None:
+            losses = {"actor": actor_loss, "critic": critic_loss}
+        else:
+            losses = {"actor": actor_loss if critic_loss is None else actor_loss + critic_loss}
+        for role, loss in losses.items():
+            eng = self.engines[role][0]
+            eng.set_gradient_accumulation_boundary(last)
+            eng.backward(loss)
+
+    def gradients(self) -> dict[Any, torch.Tensor]:
+        return {}  # reduced over learners inside each engine's step
+
+    def clip(self, gradients: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        return {}  # each engine clips (gradient_clipping) its own norm inside its step
+
+    def step(self, gradients: dict[Any, torch.Tensor] | None = None) -> dict[str, float]:
+        """Each engine's step (clipping, ZeRO reduction, partition update); returns the pre-clip
+        norms as ``actor/grad_norm`` (and ``critic/grad_norm`` with a separate critic engine)."""
+        out = {}
+        for role, (eng, _) in self.engines.items():
+            eng.set_gradient_accumulation_boundary(True)
+            eng.step()
+            norm = eng.get_global_grad_norm()
+            out[f"{role}/grad_norm"] = float(norm) if norm is not None else float("nan")
+        return out
+
+    def set_lrs(self, factor: float) -> dict[str, float]:
         """Scale every group's base LR by ``factor`` (the StarPO schedule); returns the LRs set."""
-        lrs = []
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * factor
-            lrs.append(group["lr"])
-        return lrs
+        out = {}
+        for eng, groups in self.engines.values():
+            for group, (role, base) in zip(eng.optimizer.param_groups, groups):
+                group["lr"] = base * factor
+                out[f"{role}/lr"] = group["lr"]
+        return out
 
     # ------------------------------------------------------------- weights
     def policy_state(self, state_fn: Any) -> dict[str, torch.Tensor]:
@@ -157,43 +194,52 @@ class DeepSpeedBackend:
 
         Under ZeRO-3 every rank must call this together (parameter gathering is a collective).
         """
-        if self.stage != 3:
+        if self.zero_stage != 3:
             return {k: v.detach().clone() for k, v in state_fn().items()}
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
             return {k: v.detach().clone() for k, v in state_fn().items()}
 
-    def full_module_state(self) -> dict[str, Any]:
-        """The whole module's state dict as numpy (every rank together under ZeRO-3: a collective)."""
+    def full_module_state(self) -> dict[str, Any] | None:
+        """Under ZeRO-3, the whole module's state dict as numpy, gathered on every rank together (a
+        collective); None otherwise (each rank holds the full module)."""
+        if self.zero_stage != 3:
+            return None
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None,
-                                               enabled=self.stage == 3):
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
             return {k: v.detach().cpu().numpy().copy() for k, v in self.module.state_dict().items()}
 
     # ---------------------------------------------------- optimizer state
     def state_dict(self) -> dict[str, Any]:
-        """This rank's optimizer state (ZeRO partitions, fp32 master weights, Adam moments)."""
-        return {"optimizer": _to_cpu(self.optimizer.state_dict()), "stage": self.stage,
-                "global_steps": self.engine.global_steps}
+        """This rank's optimizer state per engine (ZeRO partitions, fp32 master weights, Adam moments)."""
+        return {"stage": self.zero_stage,
+                "engines": {role: {"optimizer": _to_cpu(eng.optimizer.state_dict()),
+                                   "global_steps": eng.global_steps} for role, (eng, _) in self.engines.items()}}
 
     def load_state_dict(self, states: list[Mapping[str, Any]]) -> None:
         """Restore from every rank's ``state_dict()`` (rank order); DeepSpeed picks this rank's."""
         stages = {int(s["stage"]) for s in states}
-        if stages != {self.stage}:
+        if stages != {self.zero_stage}:
             raise ValueError(f"checkpoint was written with ZeRO stage {sorted(stages)}, this learner runs stage "
-                             f"{self.stage}")
+                             f"{self.zero_stage}")
         from torch.distributed import get_world_size
 
         if len(states) != get_world_size():
             raise ValueError(f"checkpoint holds {len(states)} learner partitions, this run has {get_world_size()} "
                              "learners (DeepSpeed optimizer state is partitioned per learner)")
-        self.optimizer.load_state_dict([s["optimizer"] for s in states], load_from_fp32_weights=True)
-        self.engine.global_steps = int(states[0]["global_steps"])
+        roles = [set(s.get("engines", {})) for s in states]
+        if any(r != set(self.engines) for r in roles):
+            raise ValueError(f"checkpoint holds DeepSpeed engines {sorted(roles[0])}, this learner has "
+                             f"{sorted(self.engines)} (critic_type changed?)")
+        for role, (eng, _) in self.engines.items():
+            eng.optimizer.load_state_dict([s["engines"][role]["optimizer"] for s in states],
+                                          load_from_fp32_weights=True)
+            eng.global_steps = int(states[0]["engines"][role]["global_steps"])
 
     def close(self) -> None:
-        """Tear down a 1-rank group we created (avoids DeepSpeed's exit crash, setup-notes §2)."""
+        """Tear down a 1-rank group we created (avoids DeepSpeed's exit crash at interpreter exit)."""
         from torch.distributed import destroy_process_group, is_initialized
 
         if is_initialized() and os.environ.get("WORLD_SIZE") == "1":

@@ -13,8 +13,9 @@ The update path is RLlib's (forward → loss → gradients → postprocess → a
 ``compute_loss_for_module`` runs the forward/backward itself, micro-batch by micro-batch within
 a padded-token budget (``ppo_max_token_len_per_gpu``), each micro-batch's loss weighted so the
 accumulated gradient equals the one-pass gradient of the mini-batch (``S.micro_batch_scale``).
-Gradients are then averaged across learners (torch backend: one all-reduce over a flat buffer;
-DeepSpeed backend: ZeRO's reduction in its step). The learning rate follows ``S.lr_multiplier``,
+Backward, the gradient reduction across learners, clipping (per optimizer) and the step belong to
+a ``backends.LearnerBackend`` (``TorchBackend``: RLlib's path; ``DeepSpeedBackend``: ZeRO); the
+learner itself has no backend branches. The learning rate follows ``S.lr_multiplier``,
 stepped once per training iteration by the Algorithm (``apply_lr_schedule``).
 """
 
@@ -30,6 +31,7 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
+from ragen_rllib.algorithms.starpo.backends import LearnerBackend, TorchBackend
 from ragen_rllib.core import starpo as S
 
 #: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
@@ -43,10 +45,9 @@ class StarPOLearner(TorchLearner):
 
     @override(TorchLearner)
     def build(self) -> None:
-        self._ds = None  # DeepSpeedBackend when learner_backend == "deepspeed"
+        self._backend: LearnerBackend | None = None  # set with the optimizers (configure_optimizers_for_module)
         self._full_state: dict[str, Any] | None = None  # ZeRO-3: full module state gathered on every rank
         self._ref_lm = None
-        self._accumulated = False
         super().build()
 
     @override(TorchLearner)
@@ -73,9 +74,12 @@ class StarPOLearner(TorchLearner):
                                   grad_clip=p.grad_clip, actor_lr=p.actor_lr, weight_decay=p.weight_decay,
                                   bf16=p.bf16_autocast and torch.cuda.is_available(),
                                   user=load_user_config(p.deepspeed_config))
-            self._ds = DeepSpeedBackend(module, actor, critic, cfg, p.actor_lr, p.critic_lr)
+            separate = getattr(module, "critic_type", None) == "separate"
+            self._backend = DeepSpeedBackend(module, actor, critic, cfg, p.actor_lr, p.critic_lr,
+                                             critic_modules=[module.critic_trunk, module.value_head] if separate
+                                             else None)
             self._gather_full_state()
-            return  # DeepSpeed owns the optimizer; RLlib's register_optimizer accepts torch optimizers only
+            return  # DeepSpeed owns the optimizers; RLlib's register_optimizer accepts torch optimizers only
         self.register_optimizer(module_id=module_id, optimizer_name="actor",
                                 optimizer=_adamw(actor, p.actor_lr, p.weight_decay),
                                 params=actor, lr_or_lr_schedule=p.actor_lr)
@@ -83,6 +87,7 @@ class StarPOLearner(TorchLearner):
             self.register_optimizer(module_id=module_id, optimizer_name="critic",
                                     optimizer=_adamw(critic, p.critic_lr, p.weight_decay),
                                     params=critic, lr_or_lr_schedule=p.critic_lr)
+        self._backend = TorchBackend(self, p.actor_lr, p.critic_lr)
 
     @override(TorchLearner)
     def _make_modules_ddp_if_necessary(self) -> None:
@@ -97,7 +102,7 @@ class StarPOLearner(TorchLearner):
     # weights come back through DeepSpeed's fp32 partitions (StarPO.set_state -> load_backend_state).
 
     def _gather_full_state(self) -> None:
-        self._full_state = self._ds.full_module_state() if self._ds is not None and self._ds.stage == 3 else None
+        self._full_state = self._backend.full_module_state() if self._backend is not None else None
 
     @override(TorchLearner)
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
@@ -191,48 +196,42 @@ class StarPOLearner(TorchLearner):
 
         Under DeepSpeed ZeRO-3 every learner must call this together (parameter gathering).
         """
-        module = self._policy_module()
-        state = self._ds.policy_state(module.policy_state_dict) if self._ds else module.policy_state_dict()
+        state = self._backend.policy_state(self._policy_module().policy_state_dict)
         return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
     def apply_lr_schedule(self, factor: float) -> dict[str, float]:
         """Set every optimizer's LR to its base LR × ``factor`` (from ``S.lr_multiplier``)."""
-        p = self.config.starpo
-        if self._ds is not None:
-            lrs = self._ds.set_lrs(factor)
-            return {"actor/lr": lrs[0], **({"critic/lr": lrs[1]} if len(lrs) > 1 else {})}
-        out = {}
-        for module_id, names in self._module_optimizers.items():
-            for name in names:
-                base, key = (p.critic_lr, "critic/lr") if name.endswith("critic") else (p.actor_lr, "actor/lr")
-                for group in self.get_optimizer(module_id, name).param_groups:
-                    group["lr"] = base * factor
-                out[key] = base * factor
-        return out
+        return self._backend.set_lrs(factor)
 
     def backend_state(self) -> dict[str, Any] | None:
-        """This learner's DeepSpeed optimizer state (None with the torch backend: RLlib saves that)."""
-        return self._ds.state_dict() if self._ds is not None else None
+        """This learner's backend optimizer state (None with the torch backend: RLlib saves that)."""
+        return self._backend.state_dict()
 
     def load_backend_state(self, states: list[dict[str, Any]] | None) -> None:
         """Restore ``backend_state()`` of every learner (rank order); each learner takes its own."""
-        if states and self._ds is not None:
-            self._ds.load_state_dict(states)
+        if states:
+            self._backend.load_state_dict(states)
 
     # ----------------------------------------------------------------- loss
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
+        """The mini-batch's loss, with its backward already done (through the backend).
+
+        With ``defer_forward`` the forward runs here, micro-batch by micro-batch; without it RLlib
+        ran the forward (``fwd_out``) and the whole mini-batch is one micro-batch.
+        """
         p = config.starpo
-        if DEFER_FORWARD not in batch:  # one pass: RLlib ran the forward; its backward follows
-            loss, metrics = self._loss(p, batch, fwd_out)
+        self._backend.zero_grad()
+        if DEFER_FORWARD not in batch:
+            actor, critic, metrics = self._loss(p, batch, fwd_out)
+            self._backend.backward(actor, critic, last=True)
             self._log(module_id, metrics)
-            return loss
+            return (actor if critic is None else actor + critic).detach()
         module = self._policy_module()
         mask = batch["loss_mask"]
         n_tok, n_rows = int((mask > 0).sum()), int(((mask > 0).sum(1) > 0).sum())
         agg = "token-mean" if "sft" in batch else p.loss_agg_mode
         plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
-        self._zero_grad()
         total, metrics = 0.0, {}
         reuse = "sft" not in batch and "advantages" not in batch  # old log-probs/values from this forward
         if reuse and len(plan) != 1:
@@ -243,13 +242,12 @@ class StarPOLearner(TorchLearner):
             fwd = module.forward_train(mb)
             if reuse:
                 mb = self._old_from_update_forward(p, module, mb, fwd, metrics)
-            loss, m = self._loss(p, mb, fwd)
-            self._backward(loss * w, last=j == len(plan) - 1)
-            total += float(loss.detach()) * w
+            actor, critic, m = self._loss(p, mb, fwd)
+            self._backend.backward(actor * w, None if critic is None else critic * w, last=j == len(plan) - 1)
+            total += float((actor if critic is None else actor + critic).detach()) * w
             for k, v in m.items():
                 metrics[k] = max(metrics.get(k, v), v) if "max" in k else metrics.get(k, 0.0) + w * v
         metrics["actor/micro_batches"] = float(len(plan))
-        self._accumulated = True
         self._log(module_id, metrics)
         return torch.tensor(total)
 
@@ -284,12 +282,16 @@ class StarPOLearner(TorchLearner):
         return out
 
     def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor]
-              ) -> tuple[torch.Tensor, dict[str, float]]:
+              ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Actor loss (pg - entropy bonus + KL), critic loss (None without a critic), metrics.
+
+        The two are kept apart so a backend can clip each optimizer by its own norm.
+        """
         mask = batch["loss_mask"].float()
         logp = fwd_out["logp"]
         if "sft" in batch:  # supervised warm-up: cross-entropy on the demonstration tokens
             loss = -S.aggregate_loss(logp, mask, "token-mean")
-            return loss, {"sft/loss": float(loss.detach())}
+            return loss, None, {"sft/loss": float(loss.detach())}
         old_logp = batch["old_logp"] if p.old_logp_source == "recompute" else batch["sample_logprobs"]
         pg_loss, metrics = S.policy_loss(logp, old_logp, batch["advantages"], mask, clip_ratio_low=p.clip_ratio_low,
                                          clip_ratio_high=p.clip_ratio_high, clip_ratio_c=p.clip_ratio_c,
@@ -301,71 +303,34 @@ class StarPOLearner(TorchLearner):
             kl = S.aggregate_loss(S.kl_penalty(logp, batch["ref_logp"], mask, p.kl_type), mask, p.loss_agg_mode)
             loss = loss + p.kl_coef * kl
             metrics["actor/kl_loss"] = float(kl.detach())
+        vf_loss = None
         if "values" in fwd_out:
             vf_loss, vm = S.value_loss(fwd_out["values"], batch["old_values"], batch["returns"], mask,
                                        cliprange_value=p.cliprange_value, loss_agg_mode=p.loss_agg_mode)
-            loss = loss + vf_loss
             metrics.update(vm)
         if p.temperature == 1.0:  # the engines' log-probs are raw (T=1): comparable only at T=1
             metrics.update(S.logprob_gap_metrics(batch["old_logp"], batch["sample_logprobs"], mask))
-        return loss, {k: float(v) for k, v in metrics.items()}
+        return loss, vf_loss, {k: float(v) for k, v in metrics.items()}
 
     # ------------------------------------------------------------ gradients
+    # compute_loss_for_module already ran the backward; the rest of RLlib's update path is the backend's.
     @override(TorchLearner)
     def compute_gradients(self, loss_per_module, **kwargs) -> dict:
-        if not self._accumulated:
-            if self._ds is not None:
-                self._ds.zero_grad()
-                self._ds.backward(sum(loss_per_module.values()), last=True)
-                return {}
-            return super().compute_gradients(loss_per_module, **kwargs)
-        self._accumulated = False
-        if self._ds is not None:
-            return {}
-        params = [(pid, q) for pid, q in self._params.items() if q.requires_grad]
-        from torch.distributed import all_reduce, get_world_size, is_initialized  # not `torch.distributed.x`: pickling
-
-        if is_initialized() and get_world_size() > 1:  # average over learners: one flat all-reduce
-            flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for _, q in params])
-            all_reduce(flat)
-            flat /= get_world_size()
-            offset = 0
-            for _, q in params:
-                n = q.numel()
-                q.grad = flat[offset:offset + n].view_as(q).clone()
-                offset += n
-        return {pid: q.grad for pid, q in params if q.grad is not None}
+        return self._backend.gradients()
 
     @override(TorchLearner)
     def postprocess_gradients(self, gradients_dict: dict) -> dict:
-        if self._ds is not None:  # DeepSpeed clips (gradient_clipping) inside its step
-            return {}
-        return super().postprocess_gradients(gradients_dict)
+        return self._backend.clip(gradients_dict)
 
     @override(TorchLearner)
     def apply_gradients(self, gradients_dict: dict) -> None:
-        if self._ds is None:
-            return super().apply_gradients(gradients_dict)
-        norm = self._ds.step()
-        self.metrics.log_value((DEFAULT_MODULE_ID, "actor/grad_norm"), norm, window=1)
+        for key, value in self._backend.step(gradients_dict).items():
+            self.metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
 
     # -------------------------------------------------------------- helpers
     def _policy_module(self) -> Any:
         module = next(iter(self._module.values()))
         return getattr(module, "unwrapped", lambda: module)()
-
-    def _zero_grad(self) -> None:
-        if self._ds is not None:
-            self._ds.zero_grad()
-            return
-        for optim in self._optimizer_parameters:
-            optim.zero_grad(set_to_none=True)
-
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:
-        if self._ds is not None:
-            self._ds.backward(loss, last=last)
-        else:
-            loss.backward()
 
     def _log(self, module_id: Any, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():

@@ -134,8 +134,11 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
     algo = conf.build_algo()
     try:
         learner = algo.learner_group._learner  # num_learners 0 (as the profiles): the local learner
-        assert learner is not None and learner._ds is not None, "not a DeepSpeed learner"
-        assert learner._ds.engine.zero_optimization_stage() == 2
+        assert learner is not None and type(learner._backend).__name__ == "DeepSpeedBackend", "not DeepSpeed"
+        engines = learner._backend.engines
+        assert all(eng.zero_optimization_stage() == 2 for eng, _ in engines.values())
+        # Separate critic (the gpu profiles): actor and critic are two engines, each clipped by its own norm.
+        assert set(engines) == ({"actor", "critic"} if params.critic_type == "separate" else {"actor"})
         assert learner.module[DEFAULT_MODULE_ID].bf16_autocast is params.bf16_autocast
         result = algo.train()
         assert type(algo.env_runner.engine).__name__ == "VLLMEngine"
@@ -143,6 +146,8 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
         algo.stop()
     assert result["policy_version"] == 1.0
     assert math.isfinite(result["actor/grad_norm"]), result["actor/grad_norm"]
+    if params.critic_type == "separate":
+        assert math.isfinite(result["critic/grad_norm"]), result["critic/grad_norm"]
     assert result["time/update"] > 0
     if params.test_freq and params.val_before_train:  # iteration 0 validates first, on every val env
         for env in params.val_envs or (params.env,):

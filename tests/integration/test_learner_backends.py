@@ -184,11 +184,83 @@ def test_deepspeed_local_learner_and_user_json(tiny_model_dir, ray_local, tmp_pa
                   tmp_path, "ds0")
     try:
         r = algo.train()
-        engine = algo.learner_group._learner._ds.engine
+        engine = algo.learner_group._learner._backend.engines["actor"][0]
         assert engine.gradient_clipping() == 0.5 and engine.zero_optimization_stage() == 1
         assert r["policy_version"] == 1.0
     finally:
         algo.stop()
+
+
+def test_deepspeed_clips_actor_and_critic_apart(tiny_model_dir, ray_local, tmp_path) -> None:
+    """Bug A: with a separate critic, DeepSpeed reports (and clips by) each optimizer's own norm,
+    the torch backend's numbers; it used to clip and report the joint actor+critic norm."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is the optional `deepspeed` extra")
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    from ragen_rllib.algorithms.starpo.learner import DEFER_FORWARD
+
+    B, T = 4, 12
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(B, T)
+    mask[:, 6:] = 1.0
+    batch = {"token_ids": torch.randint(3, 100, (B, T), generator=g).numpy(),
+             "attention_mask": np.ones((B, T), dtype=np.int64), "loss_mask": mask.numpy(),
+             "advantages": (torch.randn(B, T, generator=g) * mask).numpy(),
+             "returns": (50.0 * mask).numpy(),  # far from the ~0 initial values: a large critic gradient
+             "old_values": np.zeros((B, T), np.float32), "sample_logprobs": np.zeros((B, T), np.float32),
+             DEFER_FORWARD: np.ones(B, np.float32)}
+    norms = {}
+    for backend in ("torch", "deepspeed"):
+        extra = {"learner_backend": "deepspeed", "zero_stage": 2} if backend == "deepspeed" else {}
+        algo = _build(_params(tiny_model_dir, critic_type="separate", ppo_mini_batch_size=B, **extra), tmp_path,
+                      f"clip-{backend}")
+        try:
+            module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+            with torch.no_grad():
+                old = module.score(torch.as_tensor(batch["token_ids"]), torch.as_tensor(batch["attention_mask"]),
+                                   mask, with_values=False, with_entropy=False)["logp"]
+            b = dict(batch, old_logp=old.numpy())
+            out = algo._update(MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(b)}, env_steps=B))
+            norms[backend] = (out["actor/grad_norm"], out["critic/grad_norm"])
+            if backend == "deepspeed":
+                assert set(algo.learner_group._learner._backend.engines) == {"actor", "critic"}
+        finally:
+            algo.stop()
+    (a_t, c_t), (a_d, c_d) = norms["torch"], norms["deepspeed"]
+    assert c_t > 10 * a_t  # the critic's gradient dominates: a joint norm would be ~c_t
+    assert a_d == pytest.approx(a_t, rel=1e-3) and c_d == pytest.approx(c_t, rel=1e-3)
+
+
+@pytest.mark.parametrize("kl_mode", ["loss", "reward"])
+def test_kl_changes_the_update(tiny_model_dir, ray_local, tmp_path, kl_mode) -> None:
+    """KL against a reference that differs from the policy changes the weights an update writes
+    (same rollouts, same seed), in both places the KL can go: the loss and the reward."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    def one_update(mode: str) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        kl = {"kl_mode": mode, "kl_coef": 0.5} if mode != "off" else {}
+        algo = _build(_params(tiny_model_dir, **kl), tmp_path, f"kl-{mode}")
+        try:
+            learner = algo.learner_group._learner
+            if learner._ref_lm is not None:  # the reference starts equal to the policy: move it away
+                g = torch.Generator().manual_seed(7)
+                with torch.no_grad():
+                    for q in learner._ref_lm.parameters():
+                        q.add_(0.05 * torch.randn(q.shape, generator=g))
+            result = algo.train()
+            return learner.policy_weights(), result
+        finally:
+            algo.stop()
+
+    base, r0 = one_update("off")
+    with_kl, r1 = one_update(kl_mode)
+    assert r1["rollout/return_mean"] == r0["rollout/return_mean"]  # the same rollouts
+    key = "actor/kl_loss" if kl_mode == "loss" else "actor/reward_kl_penalty"
+    assert abs(r1[key]) > 0 and key not in r0
+    changed = [k for k in base if not np.array_equal(base[k], with_kl[k])]
+    assert len(changed) > len(base) // 2, f"only {len(changed)} of {len(base)} tensors changed"
+    assert DEFAULT_MODULE_ID
 
 
 def test_resume_repeats_the_next_iteration(tiny_model_dir, ray_local, tmp_path) -> None:

@@ -71,3 +71,20 @@ def test_metrics_are_combined_over_steps():
     out = _mean_over_steps([{"actor/pg_loss": 1.0, "actor/ppo_kl_max": 0.1},
                             {"actor/pg_loss": 3.0, "actor/ppo_kl_max": 0.3}])
     assert out == {"actor/pg_loss": 2.0, "actor/ppo_kl_max": 0.3}
+
+
+def test_filter_reads_raw_episode_returns_not_penalised_scores():
+    """Group 0: equal raw returns, scores spread by format penalties. Group 1: spread raw returns,
+    equal scores. Keeping half must keep group 1 (the variance of the env's reward, RAGEN §4)."""
+    import pyarrow as pa
+
+    from ragen_rllib.algorithms.starpo.algorithm import StarPO
+    from ragen_rllib.algorithms.starpo.params import starpo_s
+    from ragen_rllib.trajectory.schema import Col
+
+    table = pa.table({Col.GROUP_ID: [0, 0, 0, 0, 1, 1, 1, 1],
+                      Col.EPISODE_RETURN: [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0],
+                      Col.SCORE: [1.0, 0.9, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5]})
+    p = dataclasses.replace(starpo_s(model="m"), rollout_filter_ratio=0.5)
+    kept, metrics = StarPO._filter(SimpleNamespace(config=SimpleNamespace(starpo=p)), table)
+    assert kept == {1}

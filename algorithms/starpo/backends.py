@@ -1,0 +1,130 @@
+"""The learner's optimisation backends behind one protocol: ``TorchBackend`` (RLlib's own update
+path) and ``DeepSpeedBackend`` (ZeRO, in ``deepspeed_backend.py``, the only module importing
+deepspeed). ``StarPOLearner`` calls the protocol and has no backend branches.
+
+Both clip each optimizer's gradients by its own global norm (actor and critic apart, as RAGEN,
+verl and RLlib do) and report the pre-clip norms as ``actor/grad_norm`` and ``critic/grad_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+#: RLlib's per-optimizer pre-clip norm metric -> ours.
+RLLIB_NORM_KEYS = {"gradients_actor_global_norm": "actor/grad_norm",
+                   "gradients_critic_global_norm": "critic/grad_norm"}
+
+
+class LearnerBackend(Protocol):
+    """What ``StarPOLearner`` needs from an optimisation backend (one per learner process)."""
+
+    #: ZeRO stage (0 for the torch backend); 3 means parameters are partitioned over learners.
+    zero_stage: int
+
+    def zero_grad(self) -> None:
+        """Clear every optimizer's gradients."""
+
+    def backward(self, actor_loss: torch.Tensor, critic_loss: torch.Tensor | None, last: bool) -> None:
+        """Accumulate the gradients of one micro-batch; ``last`` marks the mini-batch's end.
+
+        ``actor_loss`` is the policy loss (pg, entropy, KL); ``critic_loss`` the value loss (None
+        without a critic). Both are scalars already weighted for accumulation.
+        """
+
+    def gradients(self) -> dict[Any, torch.Tensor]:
+        """RLlib's gradient dict after the last backward (averaged over learners), or {} when the
+        backend reduces inside its own step."""
+
+    def clip(self, gradients: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        """Clip per optimizer (or leave it to ``step``); returns what ``step`` takes."""
+
+    def step(self, gradients: dict[Any, torch.Tensor]) -> dict[str, float]:
+        """One optimizer step; returns metrics the backend measured itself (pre-clip norms)."""
+
+    def set_lrs(self, factor: float) -> dict[str, float]:
+        """Every optimizer's LR = its base LR x ``factor``; returns ``actor/lr`` (and ``critic/lr``)."""
+
+    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``state_fn()`` with full weights (under ZeRO-3 a collective: every learner calls it)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Optimizer state RLlib does not checkpoint itself (None: RLlib's checkpoint has it)."""
+
+    def load_state_dict(self, states: list[Mapping[str, Any]]) -> None:
+        """Restore every learner's ``state_dict()`` (rank order)."""
+
+    def full_module_state(self) -> dict[str, Any] | None:
+        """The whole module state gathered on every rank (ZeRO-3 only; else None)."""
+
+
+class TorchBackend:
+    """RLlib's ``TorchLearner`` update path: torch AdamW per optimizer (registered with RLlib),
+    gradients averaged over learners by one flat all-reduce, RLlib's per-optimizer clipping."""
+
+    zero_stage = 0
+
+    def __init__(self, learner: TorchLearner, actor_lr: float, critic_lr: float) -> None:
+        self.learner = learner
+        self.base_lrs = {"actor": actor_lr, "critic": critic_lr}
+
+    def zero_grad(self) -> None:
+        for optim in self.learner._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+
+    def backward(self, actor_loss: torch.Tensor, critic_loss: torch.Tensor | None, last: bool) -> None:
+        (actor_loss if critic_loss is None else actor_loss + critic_loss).backward()
+
+    def gradients(self) -> dict[Any, torch.Tensor]:
+        from torch.distributed import all_reduce, get_world_size, is_initialized  # not `torch.distributed.x`: pickling
+
+        params = [(pid, q) for pid, q in self.learner._params.items() if q.requires_grad]
+        if is_initialized() and get_world_size() > 1:  # average over learners: one flat all-reduce
+            flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for _, q in params])
+            all_reduce(flat)
+            flat /= get_world_size()
+            offset = 0
+            for _, q in params:
+                n = q.numel()
+                q.grad = flat[offset:offset + n].view_as(q).clone()
+                offset += n
+        return {pid: q.grad for pid, q in params if q.grad is not None}
+
+    def clip(self, gradients: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+        # RLlib clips each optimizer's parameters by their own global norm (grad_clip_by="global_norm")
+        # and logs gradients_<optimizer>_global_norm, which the Algorithm reports as <optimizer>/grad_norm.
+        return TorchLearner.postprocess_gradients(self.learner, gradients)
+
+    def step(self, gradients: dict[Any, torch.Tensor]) -> dict[str, float]:
+        from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+        TorchLearner.apply_gradients(self.learner, gradients)
+        return {}
+
+    def set_lrs(self, factor: float) -> dict[str, float]:
+        out = {}
+        for module_id, names in self.learner._module_optimizers.items():
+            for name in names:
+                role = "critic" if name.endswith("critic") else "actor"
+                for group in self.learner.get_optimizer(module_id, name).param_groups:
+                    group["lr"] = self.base_lrs[role] * factor
+                out[f"{role}/lr"] = self.base_lrs[role] * factor
+        return out
+
+    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return dict(state_fn())
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, states: list[Mapping[str, Any]]) -> None:
+        pass
+
+    def full_module_state(self) -> None:
+        return None
