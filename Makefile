@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run rollout prompts test test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
+.PHONY: setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -46,8 +46,11 @@ bench-iteration: model
 	@$(PY) benchmarks/iteration.py --json runs/bench_iteration.json
 
 # Default tiers: unit + integration + vllm (CPU) + learning (tiny model). gpu is opt-in.
-test: model
+test: model lint
 	@$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: setup
+	@$(PY) -m ruff check .
 
 test-unit: setup
 	@$(PY) -m pytest -m unit $(PYTEST_ARGS)

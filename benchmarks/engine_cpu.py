@@ -47,7 +47,8 @@ VARIANTS = [
 def _libraries() -> dict[str, str | None]:
     venv_lib = Path(sys.prefix) / "lib"
     iomp = next(iter(sorted(glob.glob(str(venv_lib / "libiomp5.so")))), None)
-    tcmalloc = next(iter(sorted(glob.glob("/usr/lib/*/libtcmalloc.so.4") + glob.glob("/usr/lib/*/libtcmalloc_minimal.so.4"))),
+    tcmalloc = next(iter(sorted(glob.glob("/usr/lib/*/libtcmalloc.so.4")
+                                + glob.glob("/usr/lib/*/libtcmalloc_minimal.so.4"))),
                     None)
     return {"iomp": iomp, "tcmalloc": tcmalloc}
 

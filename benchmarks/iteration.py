@@ -315,7 +315,8 @@ def scaling_table(runs: Sequence[tuple[int, dict[str, Any]]], what: str) -> tupl
     out += _fit_lines(fits["wall_vs_n"], unit if what == "trajectories" else "turn of max_turns")
     if what == "turns":
         taken = [_g(r, "rollout/turns_mean") for _, r in runs]
-        if len(set(round(t, 6) for t in taken)) == len(taken) and any(abs(t - n) > 1e-6 for t, n in zip(taken, ns)):
+        if (len(set(round(t, 6) for t in taken)) == len(taken)
+                and any(abs(t - n) > 1e-6 for t, n in zip(taken, ns, strict=False))):
             fits["wall_vs_turns_taken"] = fit(taken, walls)
             out.append("iteration time vs n = mean turns actually taken per trajectory:")
             out += _fit_lines(fits["wall_vs_turns_taken"], "turn taken")

@@ -8,7 +8,8 @@ engine build, one sample, the first update (gradients and AdamW moments appear),
 three more iterations, a validation, a checkpoint (``save_to_path``).
 
 The allocator is the CLI's (jemalloc, ``ragen_rllib.launch.allocator``); ``RAGEN_ALLOCATOR=system``
-measures glibc's malloc instead. Units: GB = 1e9 bytes. Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
+measures glibc's malloc instead. Units: GB = 1e9 bytes.
+Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
 """
 
 from __future__ import annotations

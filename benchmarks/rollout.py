@@ -115,9 +115,12 @@ def main() -> None:
         r = bench_engine(kind, a, tok)
         rows.append((kind, r))
         print(f"[{kind}] init {r['init_s']:.1f}s, {r['calls']} generate calls, {r['tokens']} sampled tokens "
-              f"(replay {r['replay_tokens']}), loop {r['loop_s']:.1f}s of which env+tokenize {r['env_s']:.2f}s", flush=True)
-    print(f"\n{a.env}: {a.groups} groups x {a.group_size} samples x <= {a.max_turns} turns, <= {a.max_new_tokens} new tokens/turn")
-    print(f"{'engine':<7} {'loop tok/s':>11} {'bare-replay tok/s':>18} {'one-batch tok/s':>16} {'loop/replay':>12} {'loop/one-batch':>15}")
+              f"(replay {r['replay_tokens']}), loop {r['loop_s']:.1f}s of which env+tokenize {r['env_s']:.2f}s",
+              flush=True)
+    print(f"\n{a.env}: {a.groups} groups x {a.group_size} samples x <= {a.max_turns} turns, "
+          f"<= {a.max_new_tokens} new tokens/turn")
+    print(f"{'engine':<7} {'loop tok/s':>11} {'bare-replay tok/s':>18} {'one-batch tok/s':>16} "
+          f"{'loop/replay':>12} {'loop/one-batch':>15}")
     for kind, r in rows:
         print(f"{kind:<7} {r['loop_tok_s']:>11.1f} {r['replay_tok_s']:>18.1f} {r['one_tok_s']:>16.1f} "
               f"{r['loop_tok_s'] / r['replay_tok_s']:>12.2f} {r['loop_tok_s'] / r['one_tok_s']:>15.2f}")

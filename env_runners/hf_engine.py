@@ -192,7 +192,8 @@ class HFEngine:
                 tokens = self._sample(logits, params, greedy, gens, active)  # (A,)
                 tok_lp = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # (A,)
                 is_stop = torch.isin(tokens, stop_ids)  # (A,)
-                for row, tok, lp, stop in zip(active.tolist(), tokens.tolist(), tok_lp.tolist(), is_stop.tolist()):
+                for row, tok, lp, stop in zip(active.tolist(), tokens.tolist(), tok_lp.tolist(), is_stop.tolist(),
+                                              strict=False):
                     out_ids[row].append(tok)
                     out_lps[row].append(lp)
                     if stop:

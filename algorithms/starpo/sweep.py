@@ -804,7 +804,7 @@ def _check_combinations(experiment: Mapping[str, Any], space: Mapping[str, tuple
     keys = list(space)
     combos = itertools.product(*(space[k][1] for k in keys))
     for combo in itertools.islice(combos, MAX_CHECKED_COMBINATIONS):
-        point = dict(zip(keys, combo))
+        point = dict(zip(keys, combo, strict=False))
         _check_trial(experiment, point, f"{path}: search_space combination {point}")
 
 

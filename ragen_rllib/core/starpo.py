@@ -1005,7 +1005,7 @@ def plan_mini_batches(n_rows: int, mini_batch_size: int, min_rows: int = 1) -> l
     if mini_batch_size < 1 or min_rows < 1:
         raise ValueError(f"mini_batch_size and min_rows must be >= 1, got {mini_batch_size} and {min_rows}")
     bounds = list(range(0, n_rows, mini_batch_size)) + [n_rows]
-    chunks = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    chunks = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
     if len(chunks) > 1 and len(chunks[-1]) < min_rows:
         last = chunks.pop()
         chunks[-1] = range(chunks[-1].start, last.stop)

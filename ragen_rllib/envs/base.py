@@ -153,7 +153,7 @@ class TextEnv(ABC, Generic[ConfigT]):
     @property
     def max_actions(self) -> int:
         """Action budget per episode (RAGEN's ``max_actions_per_traj``)."""
-        return int(getattr(self.config, "max_actions"))
+        return int(self.config.max_actions)
 
     # ------------------------------------------------------- prompt-facing data
     @property

@@ -91,7 +91,8 @@ def demo_reply(actions: list[str], enable_think: bool, sep: str = "||", thought:
     return f"{thought}</think><answer>{answer}" if enable_think else answer
 
 
-def make_demo_fn(kind: str, seed: int, enable_think: bool, max_actions: int, sep: str = "||") -> Callable[[TextEnv], str]:
+def make_demo_fn(kind: str, seed: int, enable_think: bool, max_actions: int,
+                 sep: str = "||") -> Callable[[TextEnv], str]:
     """A ``env -> reply text`` function for ``RolloutLoop.run(demo_fn=...)``."""
     rng = np.random.default_rng(seed)
     return lambda env: demo_reply(demo_actions(env, kind, rng, max_actions), enable_think, sep)

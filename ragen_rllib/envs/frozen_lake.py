@@ -69,7 +69,8 @@ def has_path(frozen: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) 
     return False
 
 
-def generate_map(rng: np.random.Generator, size: int, p_frozen: float, max_tries: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+def generate_map(rng: np.random.Generator, size: int, p_frozen: float,
+                 max_tries: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
     """Draw a solvable map.
 
     Returns:

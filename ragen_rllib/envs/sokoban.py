@@ -45,8 +45,8 @@ _ACTION_INDEX: dict[str, int] = {a.lower(): i for i, a in enumerate(ACTIONS)}
 #: Cell kinds in render order; each vocab maps them to one character.
 _KINDS = ("wall", "empty", "target", "box_on_target", "box", "player", "player_on_target")
 VOCABS: dict[str, dict[str, str]] = {
-    "default": dict(zip(_KINDS, ("#", "_", "O", "√", "X", "P", "S"))),
-    "new_vocab": dict(zip(_KINDS, ("W", ".", "G", "C", "B", "A", "@"))),
+    "default": dict(zip(_KINDS, ("#", "_", "O", "√", "X", "P", "S"), strict=False)),
+    "new_vocab": dict(zip(_KINDS, ("W", ".", "G", "C", "B", "A", "@"), strict=False)),
 }
 _MEANINGS = {"wall": "wall", "empty": "empty", "target": "target", "box_on_target": "box on target",
              "box": "box", "player": "player", "player_on_target": "player on target"}
@@ -174,7 +174,7 @@ def _reverse_search(rng: np.random.Generator, floor: np.ndarray, targets: list[t
                     off = sum(b not in target_set for b in cb)
                     if not off:
                         continue
-                    disp = sum(abs(b // w - t[0]) + abs(b % w - t[1]) for b, t in zip(cb, targets))
+                    disp = sum(abs(b // w - t[0]) + abs(b % w - t[1]) for b, t in zip(cb, targets, strict=False))
                     if disp * off > best_score:
                         best_score, best = disp * off, [child]
                     elif disp * off == best_score:
@@ -230,9 +230,9 @@ def generate_room(rng: np.random.Generator, dim_room: tuple[int, int], num_boxes
             player = free[int(arng.integers(len(free)))]
         walls = ~floor
         tgt = np.zeros(dim_room, dtype=bool)
-        tgt[tuple(zip(*targets))] = True
+        tgt[tuple(zip(*targets, strict=False))] = True
         box = np.zeros(dim_room, dtype=bool)
-        box[tuple(zip(*boxes))] = True
+        box[tuple(zip(*boxes, strict=False))] = True
         return walls, tgt, box, player
     raise RuntimeError(f"Sokoban generation failed {max_tries} times (dim_room={dim_room}, num_boxes={num_boxes}, "
                        f"search_depth={search_depth}); enlarge the room or raise search_depth")
@@ -248,7 +248,7 @@ def _dead_cells(walls: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """
     h, w = walls.shape
     live = targets.copy()
-    todo = deque(zip(*np.nonzero(targets)))
+    todo = deque(zip(*np.nonzero(targets), strict=False))
     while todo:
         r, c = todo.popleft()
         for dr, dc in _DELTAS:
@@ -287,8 +287,8 @@ def solve_room(walls: np.ndarray, boxes: np.ndarray, targets: np.ndarray, player
     def flat(rc: tuple[int, int]) -> int:
         return (int(rc[0]) + 1) * pw + int(rc[1]) + 1
 
-    goal = tuple(sorted(flat(rc) for rc in zip(*np.nonzero(targets))))
-    start = (flat(player), tuple(sorted(flat(rc) for rc in zip(*np.nonzero(boxes)))))
+    goal = tuple(sorted(flat(rc) for rc in zip(*np.nonzero(targets), strict=False)))
+    start = (flat(player), tuple(sorted(flat(rc) for rc in zip(*np.nonzero(boxes), strict=False))))
     if start[1] == goal:
         return []
     deltas = (-pw, pw, -1, 1)

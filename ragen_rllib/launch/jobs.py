@@ -153,7 +153,8 @@ def _resolve_config(config: str | Path, working_dir: Path) -> str:
         return str(full.resolve())
 
 
-def _absolute_path_overrides(config: Path, profile: str | None, overrides: Sequence[str], working_dir: Path) -> list[str]:
+def _absolute_path_overrides(config: Path, profile: str | None, overrides: Sequence[str],
+                             working_dir: Path) -> list[str]:
     """``--set`` items that pin the experiment's relative paths to ``working_dir`` on this machine.
 
     The driver runs in Ray's temporary copy of the working dir: a relative ``run_dir`` would put

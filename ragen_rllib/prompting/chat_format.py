@@ -97,7 +97,8 @@ def instruction_message(env: EnvPromptView, cfg: PromptConfig) -> str:
     parts = [env.instruction.strip()]
     legend = env.symbol_legend
     if legend:
-        parts.append("The meaning of each symbol in the state is:\n" + ", ".join(f"{k}: {v}" for k, v in legend.items()))
+        parts.append("The meaning of each symbol in the state is:\n"
+                     + ", ".join(f"{k}: {v}" for k, v in legend.items()))
     names = env.action_names
     if names:
         parts.append(
@@ -124,7 +125,8 @@ def turn_block(turn_number: int, turn: Turn, cfg: PromptConfig) -> str:
             f"You have {turn.actions_left} actions left. {format_reply_rule(cfg)}")
 
 
-def build_messages(env: EnvPromptView, turns: Sequence[Turn], cfg: PromptConfig, first_turn_number: int = 1) -> list[Message]:
+def build_messages(env: EnvPromptView, turns: Sequence[Turn], cfg: PromptConfig,
+                   first_turn_number: int = 1) -> list[Message]:
     """Build the chat for ``turns`` (the last one may still await its reply).
 
     Args:
@@ -263,7 +265,8 @@ class ContextFit:
     overflow: bool
 
 
-def fit_context(turns: Sequence[Turn], count_tokens: Callable[[Sequence[Turn], int], int], max_context_tokens: int) -> ContextFit:
+def fit_context(turns: Sequence[Turn], count_tokens: Callable[[Sequence[Turn], int], int],
+                max_context_tokens: int) -> ContextFit:
     """Drop the oldest whole turns until the prompt fits ``max_context_tokens``.
 
     The first instruction message is always kept (``build_messages`` re-attaches it to the

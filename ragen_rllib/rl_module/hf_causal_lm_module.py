@@ -80,7 +80,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                 self.value_head.weight.copy_(torch.randn(1, hidden, generator=g) * 0.01)
                 self.value_head.bias.zero_()
         elif self.critic_type is not None:
-            raise ValueError(f"model_config['critic_type'] must be 'separate', 'value_head' or None, got {self.critic_type!r}")
+            raise ValueError("model_config['critic_type'] must be 'separate', 'value_head' or None, "
+                             f"got {self.critic_type!r}")
 
     @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
@@ -296,7 +297,8 @@ def merged_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             for adapter in layer.active_adapters:
                 if adapter not in layer.lora_A or adapter in layer.merged_adapters:
                     continue  # absent here, or already inside W
-                assert adapter not in layer.lora_variant, f"{owner}: LoRA variant {adapter!r} (DoRA, ...) not merged here"
+                assert adapter not in layer.lora_variant, (
+                    f"{owner}: LoRA variant {adapter!r} (DoRA, ...) not merged here")
                 value = value + layer.get_delta_weight(adapter).to(value.dtype)
         out[f"{owner}.{name}"] = value
     return out

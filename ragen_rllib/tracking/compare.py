@@ -126,7 +126,7 @@ def format_table(rows: Sequence[RunRow], metric: str, mode: str = "max") -> str:
     out = []
     for line in [header, *body]:
         out.append("  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
-                             for i, (cell, w) in enumerate(zip(line, widths))).rstrip())
+                             for i, (cell, w) in enumerate(zip(line, widths, strict=False))).rstrip())
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
 

@@ -76,7 +76,7 @@ def identical_response_fraction(responses: Sequence[str], group_ids: Sequence[in
     if len(responses) != len(group_ids):
         raise ValueError(f"responses ({len(responses)}) and group_ids ({len(group_ids)}) differ in length")
     groups: dict[int, list[str]] = {}
-    for text, g in zip(responses, group_ids):
+    for text, g in zip(responses, group_ids, strict=False):
         groups.setdefault(int(g), []).append(text)
     sized = [texts for texts in groups.values() if len(texts) >= 2]
     if not sized:
@@ -208,7 +208,7 @@ class EchoTrapMonitor:
             self._check_identical(metrics),
         )
         fired = []
-        for name, check in zip(SIGNALS, checks):
+        for name, check in zip(SIGNALS, checks, strict=False):
             if check is None:  # metric missing this step: keep the previous state
                 continue
             on, value, reference, message = check

@@ -226,7 +226,8 @@ def get_timed_metric_history(tracking_uri: str, run_id: str, key: str) -> list[t
     return [(int(m.step), int(m.timestamp), float(m.value)) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]
 
 
-def log_artifact_to_run(tracking_uri: str, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+def log_artifact_to_run(tracking_uri: str, run_id: str, path: str | os.PathLike,
+                        artifact_path: str | None = None) -> None:
     """Upload a local file into an existing run's artifacts without touching its status or end time.
 
     ``MLflowTracker(run_id=...)`` would mark a finished run RUNNING and end it again (a new end

@@ -69,8 +69,8 @@ def plot_curves(history: History, keys: Sequence[str], out_png: str | os.PathLik
     nrows = math.ceil(len(present) / ncols)
     fig = new_figure((4.2 * ncols, 3.0 * nrows))
     axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
-    for ax, key in zip(axes, present):
-        steps, values = zip(*series[key])
+    for ax, key in zip(axes, present, strict=False):
+        steps, values = zip(*series[key], strict=False)
         ax.plot(steps, values, lw=1.0, marker="." if len(steps) < 30 else None, alpha=0.45 if smooth else 1.0)
         if smooth:
             ax.plot(steps, _ema(values, smooth), lw=1.5)

@@ -100,7 +100,8 @@ def _conform_schema(table: pa.Table) -> pa.Table:
     if table.schema.equals(SCHEMA, check_metadata=True):
         return table
     # Only nullability/metadata differ; nulls are checked next with a clearer message than cast's.
-    columns = [col if col.type == field.type else col.cast(field.type) for col, field in zip(table.columns, SCHEMA)]
+    columns = [col if col.type == field.type else col.cast(field.type)
+               for col, field in zip(table.columns, SCHEMA, strict=False)]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 

@@ -222,7 +222,7 @@ class TrajectoryStore:
         """
         wanted = self.iterations() if iterations is None else sorted({int(i) for i in iterations})
         paths = [self.path_for(i) for i in wanted]
-        if missing := [i for i, p in zip(wanted, paths) if not p.is_file()]:
+        if missing := [i for i, p in zip(wanted, paths, strict=False) if not p.is_file()]:
             raise FileNotFoundError(f"run {self.run_id!r} in {self.directory} has no iterations {missing[:20]} "
                                     f"(stored: {_summarise(self.iterations())})")
         for path in paths:

@@ -30,7 +30,7 @@ def summarize(table: pa.Table) -> dict[str, float]:
     valid, invalid = c[Col.NUM_VALID_ACTIONS].sum(), c[Col.NUM_INVALID_ACTIONS].sum()
     turns = c[Col.NUM_TURNS].sum()
     groups: dict[int, bool] = {}
-    for g, s in zip(c[Col.GROUP_ID], c[Col.SUCCESS]):
+    for g, s in zip(c[Col.GROUP_ID], c[Col.SUCCESS], strict=False):
         groups[int(g)] = groups.get(int(g), False) or bool(s)
     return {
         "trajectories": float(n),
@@ -66,7 +66,8 @@ def summary_table(rows: list[tuple[str, dict[str, float]]]) -> str:
 def render_episode(row: dict[str, Any]) -> str:
     """Render one trajectory row (``table.to_pylist()`` item) as readable text: states, replies, rewards."""
     head = (f"run {row[Col.RUN_ID]} iter {row[Col.ITERATION]} | {row[Col.ENV_NAME]}:{row[Col.ENV_VARIANT]} | "
-            f"group {row[Col.GROUP_ID]} sample {row[Col.SAMPLE_IDX]} | seeds {row[Col.INITIAL_SEED]}/{row[Col.DYNAMICS_SEED]} "
+            f"group {row[Col.GROUP_ID]} sample {row[Col.SAMPLE_IDX]} | "
+            f"seeds {row[Col.INITIAL_SEED]}/{row[Col.DYNAMICS_SEED]} "
             f"| policy v{row[Col.POLICY_VERSION]}")
     out = [head, "=" * min(len(head), 100)]
     for k in range(row[Col.NUM_TURNS]):
@@ -80,7 +81,8 @@ def render_episode(row: dict[str, Any]) -> str:
     out.append("--- final state ---")
     out.append(row[Col.FINAL_STATE])
     flags = [x for x, on in (("success", row[Col.SUCCESS]), ("terminated", row[Col.TERMINATED]),
-                             ("truncated", row[Col.TRUNCATED]), ("context-truncated", row[Col.CONTEXT_TRUNCATED])) if on]
+                             ("truncated", row[Col.TRUNCATED]),
+                             ("context-truncated", row[Col.CONTEXT_TRUNCATED])) if on]
     out.append(f"return {row[Col.EPISODE_RETURN]:+g}, score {row[Col.SCORE]:+g}, {row[Col.NUM_SAMPLED_TOKENS]} sampled "
                f"tokens, actions valid {row[Col.NUM_VALID_ACTIONS]} / invalid {row[Col.NUM_INVALID_ACTIONS]} / dropped "
                f"{row[Col.NUM_DROPPED_ACTIONS]} [{', '.join(flags) or 'unfinished'}]")

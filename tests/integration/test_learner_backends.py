@@ -284,7 +284,7 @@ def test_resume_repeats_the_next_iteration(tiny_model_dir, ray_local, tmp_path) 
     lines: list[str] = []
     resumed = train(load_resume_config(tmp_path / "runs" / "cut", ["iterations=3"]), log=lines.append,
                     resume=True)["history"]
-    assert any(l.startswith("[resume] cut: restored iteration 2") for l in lines)
+    assert any(ln.startswith("[resume] cut: restored iteration 2") for ln in lines)
     assert len(resumed) == 3
     for key in COMPARED:
         if key in full[2]:

@@ -55,7 +55,7 @@ def _assert_history_on_server(uri: str, run_id: str, history: list[dict[str, flo
         want = [(i, h[key]) for i, h in enumerate(history) if key in h]
         steps = [s for s, _ in got[key]]
         assert steps == [s for s, _ in want], f"{key}: steps {steps} on the server, expected {[s for s, _ in want]}"
-        for (s, v), (_, w) in zip(got[key], want):
+        for (s, v), (_, w) in zip(got[key], want, strict=False):
             assert math.isclose(v, w, rel_tol=1e-12, abs_tol=1e-12), f"{key} step {s}: {v} != {w}"
 
 
@@ -64,7 +64,7 @@ def test_train_against_mlflow_server(server: MlflowServer, tiny_model_dir: Path,
 
     lines: list[str] = []
     res = train(_cfg(tiny_model_dir, tmp_path, "srv"), tracking_uri=server.uri, log=lines.append)
-    assert any(l.startswith(f"[{ITERATIONS}/{ITERATIONS}]") for l in lines), lines
+    assert any(ln.startswith(f"[{ITERATIONS}/{ITERATIONS}]") for ln in lines), lines
     assert len(res["history"]) == ITERATIONS
 
     client = MlflowClient(tracking_uri=server.uri)
@@ -113,7 +113,7 @@ def test_server_outage_mid_run_loses_nothing(server: MlflowServer, tiny_model_di
 
     res = train(_cfg(tiny_model_dir, tmp_path, "outage"), tracking_uri=server.uri, log=log)
     assert not server.running
-    assert [l for l in lines if l.startswith("<")] == ["<server killed>", "<server restarted>", "<server killed>"]
+    assert [ln for ln in lines if ln.startswith("<")] == ["<server killed>", "<server restarted>", "<server killed>"]
     assert len(res["history"]) == ITERATIONS  # training went on through both outages
 
     messages = [r.getMessage() for r in caplog.records if r.name == TRACKER_LOGGER]

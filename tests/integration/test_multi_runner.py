@@ -52,7 +52,7 @@ def _check_store(tmp_path: Path, run_name: str) -> Any:
     table = TrajectoryStore(tmp_path, run_name).read()
     assert table.num_rows == ITERATIONS * GROUPS * GROUP_SIZE
     keys = list(zip(table[Col.ITERATION].to_pylist(), table[Col.GROUP_ID].to_pylist(),
-                    table[Col.SAMPLE_IDX].to_pylist()))
+                    table[Col.SAMPLE_IDX].to_pylist(), strict=False))
     assert len(set(keys)) == len(keys), "a (group_id, sample_idx) was written twice in one iteration"
     for it in range(ITERATIONS):
         rows = table.filter(table[Col.ITERATION].to_numpy() == it)

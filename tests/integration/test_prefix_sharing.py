@@ -45,7 +45,7 @@ def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     ids = torch.zeros(len(rows), t, dtype=torch.long)
     attn = torch.zeros(len(rows), t, dtype=torch.long)
     mask = torch.zeros(len(rows), t)
-    for b, (r, m) in enumerate(zip(rows, masks)):
+    for b, (r, m) in enumerate(zip(rows, masks, strict=False)):
         ids[b, : len(r)], attn[b, : len(r)], mask[b, : len(m)] = torch.tensor(r), 1, torch.tensor(m, dtype=torch.float)
     return ids, attn, mask
 

@@ -227,7 +227,8 @@ def test_stop_is_graceful_and_closes_the_mlflow_run(ray_head, tiny_model_dir, tm
 
 def test_auth_and_address_errors_say_what_to_do(ray_head, tmp_path) -> None:
     wrong = _cli(ray_head, "job", "list", "--address", ray_head.address, RAY_AUTH_TOKEN="not-the-token")
-    assert wrong.returncode == 1 and "$RAY_AUTH_TOKEN was rejected" in wrong.stderr and "ray get-auth-token" in wrong.stderr
+    assert (wrong.returncode == 1 and "$RAY_AUTH_TOKEN was rejected" in wrong.stderr
+            and "ray get-auth-token" in wrong.stderr)
     missing = _cli(ray_head, "job", "list", "--address", ray_head.address, RAY_AUTH_MODE="disabled")
     assert missing.returncode == 1 and "no token was sent" in missing.stderr
     (port,) = _free_ports(1)

@@ -76,7 +76,8 @@ def test_hf_engine_multiturn_token_exact(tiny_dir, tokenizer, tmp_path) -> None:
     back = store.read()
     assert back.equals(table)
     t = to_padded_tensors(back, pad_id=0)
-    assert t[Col.TOKEN_IDS].shape[0] == 4 and t[Col.LOSS_MASK].sum().item() == sum(r[Col.NUM_SAMPLED_TOKENS] for r in res.rows)
+    assert (t[Col.TOKEN_IDS].shape[0] == 4
+            and t[Col.LOSS_MASK].sum().item() == sum(r[Col.NUM_SAMPLED_TOKENS] for r in res.rows))
 
 
 def test_hf_engine_smollm2_bandit_no_think(tmp_path) -> None:
@@ -140,6 +141,7 @@ def test_rollout_command_bad_input_is_clear(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-m", "ragen_rllib.cli", "rollout", "--env", "sokobam", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "unknown env 'sokobam'" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "ragen_rllib.cli", "rollout", "--env", "bandit", "--model", "/nonexistent",
-                        "--engine", "hf", "--out", str(tmp_path)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "ragen_rllib.cli", "rollout", "--env", "bandit",
+                        "--model", "/nonexistent", "--engine", "hf", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
     assert p.returncode != 0 and "error:" in p.stderr

@@ -26,9 +26,10 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert "[2/2]" in p.stdout and "final val/bandit/success" in p.stdout and "mlflow ui" in p.stdout
     run = tmp_path / "runs" / "t1"
-    assert (run / "trajectories" / "iter_000000.parquet").is_file() and (run / "trajectories" / "iter_000001.parquet").is_file()
+    assert ((run / "trajectories" / "iter_000000.parquet").is_file()
+            and (run / "trajectories" / "iter_000001.parquet").is_file())
     assert (run / "hf_model" / "model.safetensors").is_file() and (run / "learning_curves.png").is_file()
-    final = {l.split()[1]: float(l.split()[-1]) for l in p.stdout.splitlines() if l.startswith("final val/")}
+    final = {ln.split()[1]: float(ln.split()[-1]) for ln in p.stdout.splitlines() if ln.startswith("final val/")}
 
     from ragen_rllib.tracking.mlflow_logger import find_runs
 
@@ -50,7 +51,7 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
 
     buf = io.StringIO()
     assert main(["eval", "--checkpoint", str(run)], out=buf) == 0
-    line = next(l for l in buf.getvalue().splitlines() if l.startswith("bandit:"))
+    line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit:"))
     assert f"success {final['val/bandit/success']:.3f}" in line  # the HF engine's per-prompt seeds reproduce it
     proto = json.loads((run / "hf_model" / "ragen_eval_protocol.json").read_text())
     assert proto["val_temperature"] == 1.0 and proto["val_groups"] == 8

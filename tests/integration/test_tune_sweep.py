@@ -96,8 +96,8 @@ def test_sweep_nests_trials_then_compare_prints_and_plots(tiny_model_dir: Path, 
         assert child["run_name"] in text
     header = text.splitlines()[0]
     assert "starpo.rollout_filter_ratio" in header and "best rollout/success" in header
-    lines = {l.split()[0]: l for l in text.splitlines()[2:] if l.startswith("sw-")}
-    assert sorted(l.split()[2] for l in lines.values()) == ["0.5", "1.0"]
+    lines = {ln.split()[0]: ln for ln in text.splitlines()[2:] if ln.startswith("sw-")}
+    assert sorted(ln.split()[2] for ln in lines.values()) == ["0.5", "1.0"]
     assert png.stat().st_size > 0
     # All compared runs are one sweep's trials: the plot goes to the sweep run, no extra run is made.
     assert f"logged to MLflow run {parent['run_id']}" in text

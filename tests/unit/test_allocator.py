@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_rllib.launch.allocator import ALLOCATOR_ENV, jemalloc_path, preload_env
+from ragen_rllib.launch.allocator import ALLOCATOR_ENV, preload_env
 
 LIB = Path("/x/ray/core/libjemalloc.so")
 

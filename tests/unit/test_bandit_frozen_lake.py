@@ -9,7 +9,7 @@ from ragen_rllib.envs.frozen_lake import has_path
 
 def test_bandit_rewards_and_success() -> None:
     env = make_env("bandit")
-    lo, hi = [], []
+    hi = []
     for d in range(400):
         env.reset(seed=0, options={"dynamics_seed": d})
         obs, r, term, trunc, info = env.step("phoenix")  # case-insensitive

@@ -121,7 +121,8 @@ def test_messages_layout() -> None:
 def test_context_budget_drops_oldest_whole_turns() -> None:
     env = make_env("sokoban")
     env.reset(seed=0)
-    turns = [Turn(f"state{i}" * 20, 10 - i, "<think></think><answer>Up</answer>", 0.0) for i in range(6)] + [Turn("now", 4)]
+    turns = [Turn(f"state{i}" * 20, 10 - i, "<think></think><answer>Up</answer>", 0.0)
+             for i in range(6)] + [Turn("now", 4)]
 
     def count(ts, start):  # chars as a stand-in for tokens
         return sum(len(m["content"]) for m in build_messages(env, ts, THINK, first_turn_number=start + 1))

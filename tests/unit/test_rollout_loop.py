@@ -51,22 +51,24 @@ def test_token_exact_concatenation_and_mask() -> None:
         assert len(ids) == len(mask) == len(lps) == len(turn)
         # Every prompt the engine saw for this row is a prefix of the row, followed by the sampled ids.
         seen = 0
-        for call, outs in zip(engine.calls, engine.outputs):
+        for call, outs in zip(engine.calls, engine.outputs, strict=False):
             if seen >= row[Col.NUM_TURNS]:
                 break
             active = [i for i, _ in enumerate(call)]
             # rows drop out as episodes finish: find this row's prompt by prefix match
-            match = [i for i in active if ids[: len(call[i])] == call[i] and ids[len(call[i]): len(call[i]) + len(outs[i])] == outs[i]]
+            match = [i for i in active
+                     if ids[: len(call[i])] == call[i] and ids[len(call[i]): len(call[i]) + len(outs[i])] == outs[i]]
             assert match, f"row {b}: turn {seen} prompt is not a prefix of the stored sequence"
             seen += 1
-        sampled = [t for t, m in zip(ids, mask) if m]
+        sampled = [t for t, m in zip(ids, mask, strict=False) if m]
         replies = "".join(r[len("<think>"):] for r in row[Col.TURN_RESPONSES])
         assert TOK.decode(sampled) == replies  # mask covers exactly the sampled tokens
-        assert all(lp == -0.5 for lp, m in zip(lps, mask) if m) and all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
+        assert (all(lp == -0.5 for lp, m in zip(lps, mask, strict=False) if m)
+                and all(lp == 0.0 for lp, m in zip(lps, mask, strict=False) if not m))
         assert sum(mask) == row[Col.NUM_SAMPLED_TOKENS]
         assert ids[-1] == EOS and mask[-1] == 1  # ends with the last sampled token (EOS included)
         # template tokens around turns are never masked
-        assert all(m == 0 for t, m in zip(ids, mask) if t == 1)  # <|im_start|>
+        assert all(m == 0 for t, m in zip(ids, mask, strict=False) if t == 1)  # <|im_start|>
 
 
 def test_suffix_has_reward_and_next_turn_and_no_duplicate_eos() -> None:
@@ -115,7 +117,6 @@ def test_length_finish_without_eos() -> None:
 def test_context_budget_drops_oldest_turns_and_flags_rows() -> None:
     full_spec = RolloutSpec("sokoban", group_size=1, max_turns=4, env_config={"max_actions": 50})
     _, full = run(full_spec, lambda p, c, r: "t</think><answer>Left</answer>", groups=((0, 9),))
-    first_prompt_len = 0
     budget = 1300
     spec = RolloutSpec("sokoban", group_size=1, max_turns=4, env_config={"max_actions": 50},
                        prompt=PromptConfig(max_context_tokens=budget))

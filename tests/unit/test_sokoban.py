@@ -35,7 +35,7 @@ def test_same_seed_same_room_and_seeds_differ(variant):
         b.reset(seed=seed + 1000)  # b's history must not matter
         obs_b, _ = b.reset(seed=seed)
         assert obs_a == obs_b
-        for x, y in zip(_state(a), _state(b)):
+        for x, y in zip(_state(a), _state(b), strict=False):
             assert np.array_equal(x, y)
         rooms.add(obs_a)
     assert len(rooms) >= 25, f"only {len(rooms)} distinct rooms in 30 seeds"

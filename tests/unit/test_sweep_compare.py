@@ -223,7 +223,7 @@ def test_format_table_columns_star_and_missing_values() -> None:
     assert lines[0].split() == ["run", "status", "starpo.lam", "best", "rollout/success", "final", "rollout/success",
                                 "iters", "wall"]
     assert set(lines[1]) <= {"-", " "}
-    a, b, c = (l.split() for l in lines[2:])
+    a, b, c = (ln.split() for ln in lines[2:])
     assert a == ["run-a", "FINISHED", "1.0", "0.5", "0.4", "10", "1m05s"]
     assert b == ["run-b", "FINISHED", "0.9", "0.9*", "0.75", "10", "5s"]
     assert c == ["run-c", "FINISHED", "-", "-", "-", "10", "-"]

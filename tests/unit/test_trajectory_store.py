@@ -96,7 +96,7 @@ def make_rows(run_id: str = RUN, iteration: int = 0, n_groups: int = 2, group_si
                 Col.LOSS_MASK: loss_mask,
                 Col.SAMPLE_LOGPROBS: logprobs,
                 Col.TOKEN_TURN: token_turn,
-                Col.TURN_REWARDS: [r + p for r, p in zip(env_rewards, penalties)],
+                Col.TURN_REWARDS: [r + p for r, p in zip(env_rewards, penalties, strict=False)],
                 Col.TURN_ENV_REWARDS: env_rewards,
                 Col.TURN_PENALTIES: penalties,
                 Col.TURN_WELL_FORMED: well_formed,
@@ -588,7 +588,7 @@ def test_to_padded_tensors() -> None:
         Col.GROUP_ID: ((b,), torch.int64),
         Col.POLICY_VERSION: ((b,), torch.int64),
     }
-    for i, (row, n) in enumerate(zip(rows, lengths)):
+    for i, (row, n) in enumerate(zip(rows, lengths, strict=False)):
         assert out[Col.TOKEN_IDS][i, :n].tolist() == row[Col.TOKEN_IDS]
         assert out[Col.TOKEN_IDS][i, n:].eq(-7).all()
         assert out[Col.LOSS_MASK][i, :n].tolist() == row[Col.LOSS_MASK]
