@@ -1,7 +1,7 @@
 """Token-exact chat assembly: the prompt/observation token segments around sampled tokens.
 
 RAGEN re-renders and re-tokenises the whole chat every turn and trains on the re-tokenised
-*text*, so the trained tokens can differ from the sampled ones (digest §9.1). Here a trajectory is
+*text*, so the trained tokens can differ from the sampled ones. Here a trajectory is
 the concatenation
 
     head(turn 0) + sampled_0 + suffix_0 + sampled_1 + suffix_1 + ... + sampled_{K-1}

@@ -1,6 +1,6 @@
 """StarPO / StarPO-S as a custom RLlib Algorithm.
 
-How StarPO-S differs from PPO (RAGEN paper §4; digest §4):
+How StarPO-S differs from PPO (RAGEN paper §4):
 
 1. The unit of optimisation is a whole multi-turn trajectory (all turns of one episode in one
    token sequence); the loss covers only the model's sampled tokens.

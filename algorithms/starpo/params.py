@@ -1,6 +1,6 @@
 """StarPO / StarPO-S hyperparameters: one frozen dataclass, RAGEN's names, validated once.
 
-Defaults follow RAGEN's ``config/base.yaml`` + veRL (digest §5) where they apply to our
+Defaults follow RAGEN's ``config/base.yaml`` + veRL where they apply to our
 system; the two presets are ``starpo()`` (vanilla) and ``starpo_s()`` (the paper's StarPO-S).
 Import-light: stdlib only.
 """
@@ -52,7 +52,7 @@ class StarPOParams:
     val_seed: int = 123
     test_freq: int = 10  # validate every k iterations (0: never)
     val_before_train: bool = True
-    # --- StarPO-S filter (paper §4.2, digest §4.6)
+    # --- StarPO-S filter (paper §4.2)
     rollout_filter_ratio: float = 0.25
     rollout_filter_type: str = "std"
     # --- advantages

@@ -28,6 +28,6 @@ Units: log-probs in nats; rewards unitless (per turn or per episode); entropies 
 nats; lengths in tokens.
 
 References: "RAGEN paper" is Wang et al. 2025, *RAGEN: Understanding Self-Evolution in LLM
-Agents via Multi-Turn Reinforcement Learning*, arXiv:2504.20073 (v1); "digest" is
-``shared/reference/ragen-digest.md`` (sections quoted as digest §4.x, RAGEN bugs as §9.x).
+Agents via Multi-Turn Reinforcement Learning*, arXiv:2504.20073 (v1); RAGEN and verl names
+(``compute_gae_advantage_return``, ``_filter_rollout``, ...) are functions of their public code.
 """

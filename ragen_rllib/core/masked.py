@@ -93,7 +93,7 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
 def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """Whiten ``values`` with the mean and (unbiased) std of its masked-in positions.
 
-    This is the batch-wide advantage whitening of PPO/GAE in RAGEN (digest §4.4: "A is
+    This is the batch-wide advantage whitening of PPO/GAE in RAGEN ("A is
     whitened over all masked tokens in the batch").
 
     Args:

@@ -15,7 +15,7 @@ Symbols, masks and units: see ``ragen_rllib.core``. Every function treats positi
 neither the outputs nor the gradients at sampled positions (tested in
 ``tests/unit/test_starpo_math.py``).
 
-Fixes relative to RAGEN (digest §9):
+Fixes relative to RAGEN:
 
 - §9.3: the StarPO-S filter statistic is computed on *raw* episode returns the caller passes
   in; nothing here normalises in place.
@@ -176,7 +176,7 @@ def _pad_turn_rewards(turn_rewards: Tensor | Sequence[Sequence[float] | Tensor],
 
 
 # --------------------------------------------------------------------------------------------
-# turns and reward placement (digest §4.2)
+# turns and reward placement
 # --------------------------------------------------------------------------------------------
 
 
@@ -184,7 +184,7 @@ def turn_end_positions(loss_mask: Tensor, token_turn: Tensor, num_turns: int | N
     """Find the last sampled token of every turn (the turn's "end-of-turn" position).
 
     Turn boundaries come only from ``token_turn`` and ``loss_mask``; rewards play no part
-    (RAGEN's bi-level GAE found turn ends as non-zero rewards, digest §4.4 / §9.8, which loses
+    (RAGEN's bi-level GAE found turn ends as non-zero rewards, which loses
     every turn whose reward is exactly 0).
 
     Args:
@@ -223,7 +223,7 @@ def turn_end_positions(loss_mask: Tensor, token_turn: Tensor, num_turns: int | N
 @torch.no_grad()
 def place_rewards(loss_mask: Tensor, token_turn: Tensor | None,
                   turn_rewards: Tensor | Sequence[Sequence[float] | Tensor], per_turn: bool) -> Tensor:
-    """Put per-turn rewards onto sampled tokens (RAGEN ``get_masks_and_scores``, digest §4.2).
+    """Put per-turn rewards onto sampled tokens (RAGEN ``get_masks_and_scores``).
 
     - ``per_turn=False`` (RAGEN ``use_turn_scores=False``, the default): the trajectory return
       R(τ) = Σ_k r_k goes on the row's last sampled token.
@@ -269,7 +269,7 @@ def place_rewards(loss_mask: Tensor, token_turn: Tensor | None,
 
 
 # --------------------------------------------------------------------------------------------
-# group statistics and the StarPO-S filter (digest §4.6.1)
+# group statistics and the StarPO-S filter
 # --------------------------------------------------------------------------------------------
 
 
@@ -313,12 +313,12 @@ def _group_stats(returns: Tensor, group_ids: Tensor) -> tuple[GroupStats, Tensor
 def group_reward_stats(returns: Tensor, group_ids: Tensor) -> GroupStats:
     """Compute mean / std / max / size of episode returns per initial-state group.
 
-    These are RAGEN's ``rollout/in_group_{mean,std,max}`` Echo-Trap signals (digest §6) and the
-    StarPO-S uncertainty U(s0) = Std_{τ∼π(·|s0)}[R(τ)] (digest §4.6.1).
+    These are RAGEN's ``rollout/in_group_{mean,std,max}`` Echo-Trap signals and the
+    StarPO-S uncertainty U(s0) = Std_{τ∼π(·|s0)}[R(τ)].
 
     Pass **raw** episode returns (``Col.EPISODE_RETURN``), never normalised or penalised
     scores: RAGEN's filter read a tensor its normaliser had overwritten in place, so under GRPO
-    every non-degenerate group had std ≈ 1 and the filter was close to random (digest §9.3).
+    every non-degenerate group had std ≈ 1 and the filter was close to random.
 
     Args:
         returns: (B,) float, one raw return per trajectory (unitless).
@@ -340,8 +340,8 @@ def group_reward_stats(returns: Tensor, group_ids: Tensor) -> GroupStats:
 def group_reward_std(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Compute the StarPO-S uncertainty U(s0): the unbiased std of raw returns per group.
 
-    Reference: digest §4.6.1 (RAGEN ``_filter_rollout``, ``rollout_filter_type: std``). Compute
-    it on raw episode returns (digest §9.3); see ``group_reward_stats``.
+    Reference: RAGEN ``_filter_rollout`` (``rollout_filter_type: std``). Compute
+    it on raw episode returns; see ``group_reward_stats``.
 
     Args:
         returns: (B,) float, raw episode return per trajectory (unitless).
@@ -358,7 +358,7 @@ def group_reward_std(returns: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor
 def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
     """Return K, the number of groups the StarPO-S filter keeps.
 
-    Rounding rule (RAGEN keeps ``int(p · P)``, digest §4.6.1): K = max(1, ⌊p · G⌋), with a
+    Rounding rule (RAGEN keeps ``int(p · P)``): K = max(1, ⌊p · G⌋), with a
     1e-9 tolerance inside the floor so that float representation cannot drop a group
     (0.29 · 100 = 28.999999999999996 keeps 29). K = 0 only when G = 0.
 
@@ -382,7 +382,7 @@ def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
 
 
 def select_groups(stds: Tensor, keep_ratio: float, mode: str = "std") -> tuple[Tensor, dict[str, float]]:
-    """Pick the groups the StarPO-S variance filter keeps (digest §4.6.1).
+    """Pick the groups the StarPO-S variance filter keeps.
 
     - ``"std"``: the K groups with the highest return std (StarPO-S default).
     - ``"std_rev"``: the K groups with the lowest std (RAGEN's ablation).
@@ -391,7 +391,7 @@ def select_groups(stds: Tensor, keep_ratio: float, mode: str = "std") -> tuple[T
     K = ``num_kept_groups(G, keep_ratio)`` = max(1, ⌊keep_ratio · G⌋). Ties are broken
     deterministically: a stable sort, so among equal stds the group earlier in ``stds`` (the
     lower index, i.e. the lower group id when ``stds`` comes from ``group_reward_std``) wins.
-    RAGEN's ``topk`` broke ties arbitrarily (digest §4.6.1). No refill: the dropped groups are
+    RAGEN's ``topk`` broke ties arbitrarily. No refill: the dropped groups are
     simply not trained on.
 
     Args:
@@ -446,7 +446,7 @@ def rows_in_groups(group_ids: Tensor, kept_group_ids: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# advantages (digest §4.4)
+# advantages
 # --------------------------------------------------------------------------------------------
 
 
@@ -481,10 +481,10 @@ def _gae_scan(rewards: Tensor, values: Tensor, sampled: Tensor, gamma: float, la
 @torch.no_grad()
 def compute_gae(token_rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float,
                 lam: float) -> tuple[Tensor, Tensor]:
-    """Compute token-level GAE over sampled tokens only (digest §4.4, PPO/GAE).
+    """Compute token-level GAE over sampled tokens only.
 
     With s, s' consecutive *sampled* positions of a row (observation / template tokens in
-    between are skipped, not treated as zero-valued steps; verl's multi-turn fix, digest §9.8):
+    between are skipped, not treated as zero-valued steps; verl's multi-turn fix):
 
         δ_s = r_s + γ·V_{s'} − V_s,   A_s = δ_s + γ·λ·A_{s'},   G_s = A_s + V_s,
 
@@ -516,8 +516,8 @@ def compute_turn_level_gae(token_rewards: Tensor, values: Tensor, loss_mask: Ten
                            turn_lam: float) -> tuple[Tensor, Tensor]:
     """Compute bi-level (turn-level, then token-level) GAE.
 
-    RAGEN's ``compute_bi_level_gae_advantage_return`` (``algorithm.bi_level_gae``, digest
-    §4.4) with its bugs fixed: turn ends come from ``token_turn`` + ``loss_mask``
+    RAGEN's ``compute_bi_level_gae_advantage_return`` (``algorithm.bi_level_gae``) with its
+    bugs fixed: turn ends come from ``token_turn`` + ``loss_mask``
     (``turn_end_positions``), never from non-zero rewards, so zero-reward turns still count;
     observation tokens are skipped; the high level has its own λ (``turn_lam``); whitening is
     left to the caller.
@@ -576,10 +576,9 @@ def grpo_advantages(returns: Tensor, group_ids: Tensor, norm_std: bool, eps: flo
     """Compute critic-free, outcome-level GRPO advantages, one per trajectory.
 
     - ``norm_std=True``: Â_i = (R_i − μ) / (σ + eps), σ the unbiased std (RAGEN ``mean_std``,
-      paper Eq. 5; digest §4.3/§4.4).
+      paper Eq. 5).
     - ``norm_std=False``: Â_i = R_i − μ, a mean-only baseline (Dr. GRPO style). Prefer it on
-      stochastic rewards: per-group std pushes towards the lower-EV arm on Bandit
-      (feasibility-bandit.md §5).
+      stochastic rewards: per-group std pushes towards the lower-EV arm on Bandit.
 
     μ, σ are taken per initial-state group (``scope="group"``, what RAGEN's code does) or over
     the whole batch (``scope="batch"``, what the paper's Eq. 5 says). A group (or batch) with
@@ -611,7 +610,7 @@ def grpo_advantages(returns: Tensor, group_ids: Tensor, norm_std: bool, eps: flo
 
 
 def broadcast_to_tokens(advantages: Tensor, loss_mask: Tensor) -> Tensor:
-    """Spread one advantage per trajectory over its sampled tokens (digest §4.4, GRPO).
+    """Spread one advantage per trajectory over its sampled tokens.
 
     Args:
         advantages: (B,) float.
@@ -676,7 +675,7 @@ def estimate_advantages(token_rewards: Tensor, values: Tensor, loss_mask: Tensor
 
 
 # --------------------------------------------------------------------------------------------
-# losses (digest §4.5)
+# losses
 # --------------------------------------------------------------------------------------------
 
 
@@ -684,7 +683,7 @@ def aggregate_loss(per_token: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> 
     """Reduce a per-token loss to a scalar over sampled tokens (shared by every loss here).
 
     - ``"token-mean"``: Σ_{b,t} m·L / Σ_{b,t} m, a mean over all sampled tokens of the batch
-      (RAGEN/verl default; long trajectories weigh more, digest §4.5 and §9.5).
+      (RAGEN/verl default; long trajectories weigh more).
     - ``"seq-mean-token-mean"``: mean over trajectories of each trajectory's token mean, the
       paper's Eq. 4 (1/|τ_i| inside, 1/B outside).
     - ``"seq-mean-token-sum"``: mean over trajectories of each trajectory's token sum.
@@ -718,7 +717,7 @@ def aggregate_loss(per_token: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, loss_mask: Tensor, clip_ratio_low: float,
                 clip_ratio_high: float, clip_ratio_c: float = 3.0,
                 loss_agg_mode: str = "token-mean") -> tuple[Tensor, dict[str, float]]:
-    """Compute the PPO clipped policy loss with decoupled and dual clipping (digest §4.5).
+    """Compute the PPO clipped policy loss with decoupled and dual clipping.
 
     Per sampled token, with ρ = exp(logp − old_logp) (log-ratio clamped to ±20 nats):
 
@@ -795,7 +794,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 
 def entropy_bonus(entropy: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Tensor:
-    """Aggregate per-token entropy into the scalar H̄ of the entropy bonus (digest §4.5).
+    """Aggregate per-token entropy into the scalar H̄ of the entropy bonus.
 
     The total actor loss is L_pg − β_ent·H̄ (RAGEN β_ent = 0.001); the caller subtracts.
 
@@ -811,7 +810,7 @@ def entropy_bonus(entropy: Tensor, loss_mask: Tensor, loss_agg_mode: str) -> Ten
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, loss_mask: Tensor, kind: str) -> Tensor:
-    """Estimate KL(π_θ ‖ π_ref) per sampled token (digest §4.5/§4.6: vanilla StarPO uses k1).
+    """Estimate KL(π_θ ‖ π_ref) per sampled token (vanilla StarPO uses k1).
 
     With d = logp − ref_logp (nats):
 
@@ -852,9 +851,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, loss_mask: Tensor, kind: str) -> 
 @torch.no_grad()
 def apply_kl_in_reward(token_rewards: Tensor, kl: Tensor, loss_mask: Tensor,
                        kl_coef: float) -> tuple[Tensor, dict[str, float]]:
-    """Subtract a per-token KL penalty from the token rewards (PPO KL-in-reward, digest §4.6).
+    """Subtract a per-token KL penalty from the token rewards (PPO KL-in-reward).
 
-    RAGEN's PPO baseline meant to do this but never switched it on (digest §9.4); here it is
+    RAGEN's PPO baseline meant to do this but never switched it on; here it is
     one explicit call, and its size is returned as a metric.
 
     Args:
@@ -878,7 +877,7 @@ def apply_kl_in_reward(token_rewards: Tensor, kl: Tensor, loss_mask: Tensor,
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor,
                cliprange_value: float = 0.5,
                loss_agg_mode: str = "token-mean") -> tuple[Tensor, dict[str, float]]:
-    """Compute the clipped critic loss (digest §4.4, verl ``compute_value_loss``).
+    """Compute the clipped critic loss (verl ``compute_value_loss``).
 
     Per sampled token: ½·max((V − G)², (clip(V, V_old − c, V_old + c) − G)²), then
     ``aggregate_loss``.
@@ -932,7 +931,7 @@ def logprob_gap_metrics(learner_logp: Tensor, sampler_logp: Tensor, loss_mask: T
     """Measure how far the learner's log-probs are from the sampler's (vLLM) on the same tokens.
 
     A large gap means the "on-policy" data is effectively off-policy (RAGEN recomputed
-    log-probs on re-tokenised text, digest §9.1; here the tokens are exact, so the gap is only
+    log-probs on re-tokenised text; here the tokens are exact, so the gap is only
     numerics/kernels/staleness).
 
     Args:

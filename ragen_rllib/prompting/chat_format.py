@@ -1,6 +1,6 @@
 """RAGEN's chat layout for multi-turn text envs, the reply parser, and the context budget.
 
-Layout (RAGEN ``ContextManager.get_lm_inputs``, digest §3.1), one growing chat per episode::
+Layout (RAGEN ``ContextManager.get_lm_inputs``), one growing chat per episode::
 
     system    : a short assistant line
     user      : env instruction + symbol legend + action list + "Turn 1: State: ... K actions left ..."

@@ -3,7 +3,7 @@
 RAGEN calls the collapse mode of multi-turn agent RL the *Echo Trap*: after an early rise, the
 policy locks onto a few templated reasoning patterns, rewards stop varying within a prompt group,
 and training collapses (often irreversibly). The paper tracks five diagnostics, all EMA-smoothed
-(ragen-digest.md §6 "Paper's Echo-Trap diagnostics", §7.1 "Collapse dynamics", paper Figs. 5–8):
+(paper Figs. 5–8):
 
 - ``std_collapse`` (``filter/std_all_mean``): in-group reward std drops *before* reward collapses
   (FrozenLake-PPO: std drops at step ~40, reward at ~90; Bandit-PPO: std bottoms at ~70).
@@ -17,7 +17,7 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   across samples (paper Table 1; RAGEN issue #52: Sokoban output degenerates to "!!!!!").
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
-detector (digest §9 item 13). ``EchoTrapMonitor`` is that detector: feed it the metric dict of
+detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
 every iteration; it returns the signals that switched on at that step, and ``flags()`` gives
 ``echo/<signal>`` 0/1 values to log next to the other metrics. It never changes training.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Metric keys the monitor reads (defaults of the monitor's ``*_key`` fields). They follow the
-# project's namespaces (STYLE.md §2.4.12); the producer of each metric owns its definition.
+# project's namespaces ; the producer of each metric owns its definition.
 STD_KEY = "filter/std_all_mean"  # mean over all groups of the in-group reward std (before filtering)
 SUCCESS_KEY = "rollout/success"  # fraction of successful episodes in the iteration's rollouts
 ENTROPY_KEY = "actor/entropy"  # token-mean policy entropy, nats

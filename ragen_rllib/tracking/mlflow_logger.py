@@ -1,13 +1,13 @@
 """MLflow tracking: the only module of ragen-rllib that imports mlflow (lazily, inside functions).
 
 ``MLflowTracker`` turns the project's flat, namespaced metric dicts (``rollout/…``, ``filter/…``,
-``actor/…``, ``critic/…``, ``time/…``; STYLE.md §2.4.12) into one MLflow run:
+``actor/…``, ``critic/…``, ``time/…``) into one MLflow run:
 
 - **Store.** Any tracking URI works (``http://host:5000``, ``sqlite:///…``, ``file:///…`` with
   ``MLFLOW_ALLOW_FILE_STORE=true``). With ``tracking_uri=None`` the run goes to
   ``sqlite:///<local_dir>/mlflow.db`` with artifacts in ``<local_dir>/mlartifacts``. For local
   stores the experiment is created with an explicit artifact location, because the sqlite store's
-  default artifact root is ``./mlruns`` of the current directory (setup-notes §6).
+  default artifact root is ``./mlruns`` of the current directory.
 - **Client, not fluent API.** Everything goes through one ``MlflowClient`` bound to the URI; no
   global ``mlflow.set_tracking_uri`` or active-run state, so several trackers can coexist.
 - **Keys and values.** Metric/param/tag keys are mapped onto MLflow's allowed characters

@@ -25,7 +25,7 @@ from ragen_rllib.tracking.mlflow_logger import (
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-# SQLAlchemy's SADeprecationWarning about `noload` is harmless (setup-notes §6).
+# SQLAlchemy's SADeprecationWarning about `noload` is harmless.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

@@ -19,7 +19,7 @@ from ragen_rllib.tracking.server import MlflowServer, free_port, start_mlflow_se
 pytest.importorskip("mlflow", reason="mlflow is not installed (pip install -e .)")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-# SQLAlchemy's SADeprecationWarning about `noload` is harmless (setup-notes §6).
+# SQLAlchemy's SADeprecationWarning about `noload` is harmless.
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 ITERATIONS = 3

@@ -135,7 +135,7 @@ def test_cpu_profile_is_small_and_uses_the_embedded_model(path: Path) -> None:
     assert p.test_freq == 5
     assert 15 <= cfg["iterations"] <= 30  # bandit: 15 (measured: val 1.0 by iteration 5); others 20
     assert cfg["rllib"]["num_env_runners"] == 0 and cfg["rllib"]["num_learners"] == 0
-    if env == "bandit":  # feasibility-bandit.md §7
+    if env == "bandit":  # the Bandit CPU profile
         assert (p.env_groups, p.group_size, p.temperature, p.actor_lr) == (8, 8, 1.0, 1e-5)
         assert 8 <= p.response_length <= 16
         assert p.val_groups == 64

@@ -1,7 +1,7 @@
 """Hand-computed and invariance tests for the pure StarPO / StarPO-S math (``ragen_rllib.core``).
 
-Every expected number below is worked out by hand in the comment next to it (STYLE.md §2.3
-table first, then further cases). Invariance tests randomise every input at masked
+Every expected number below is worked out by hand in the comment next to it (the project's
+reference table first, then further cases). Invariance tests randomise every input at masked
 (unsampled) positions, NaN and inf included, and require bit-identical outputs and gradients.
 """
 
@@ -36,7 +36,7 @@ def _per_token_pg(ratio: float, adv: float, lo: float = 0.2, hi: float = 0.28, c
 
 
 # ============================================================================================
-# STYLE.md §2.3 hand-computed table (verbatim)
+# The reference hand-computed table
 # ============================================================================================
 
 
