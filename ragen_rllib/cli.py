@@ -243,12 +243,31 @@ def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     from ragen_rllib.algorithms.starpo.train import evaluate
 
-    overrides = _parse_overrides(args.set or [])
+    import json
+
+    if not args.checkpoint and not args.config:
+        raise SystemExit("error: give --checkpoint RUN_OR_MODEL_DIR, or --config EXPERIMENT (its model, untrained, "
+                         "and its validation protocol)")
     try:
-        evaluate(args.checkpoint, envs=[e for s in (args.env or []) for e in s.split(",") if e] or None,
-                 engine=args.engine, overrides=overrides, log=lambda m: print(m, file=out, flush=True))
+        protocol, model = None, args.checkpoint
+        if args.config:  # the experiment's validation protocol; --set takes its keys (starpo.val_groups=128)
+            from ragen_rllib.algorithms.starpo.train import build_params, eval_protocol, load_experiment
+            from ragen_rllib.models import resolve_model
+
+            params = build_params(load_experiment(args.config, profile=args.profile, overrides=args.set or []))
+            protocol, overrides = eval_protocol(params), {}
+            model = model or str(resolve_model(params.model))
+        else:
+            overrides = _parse_overrides(args.set or [])
+        res = evaluate(model, envs=[e for s in (args.env or []) for e in s.split(",") if e] or None,
+                       engine=args.engine, overrides=overrides, log=lambda m: print(m, file=out, flush=True),
+                       policy=args.policy, protocol=protocol)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"policy": args.policy, "model": model, "config": args.config,
+                                               "profile": args.profile, "set": args.set or [], **res}, indent=2))
     return 0
 
 
@@ -433,12 +452,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue RUN (a run name under --run-dir, or its folder) from its last checkpoint")
     sp.add_argument("--run-dir", default="runs", help="where runs live (for --resume RUN)")
 
-    sp = sub.add_parser("eval", help="evaluate a trained model with its run's validation protocol")
-    sp.add_argument("--checkpoint", required=True, help="run folder, or its hf_model folder")
+    sp = sub.add_parser("eval", help="evaluate a trained model (or a baseline policy) with a validation protocol")
+    sp.add_argument("--checkpoint", default=None,
+                    help="run folder, its hf_model folder, or a local HF model folder (default with --config: "
+                         "the experiment's model, untrained)")
+    sp.add_argument("--config", default=None, help="experiment file whose validation protocol to use")
+    sp.add_argument("--profile", default=None, help="profile of --config")
+    sp.add_argument("--policy", default="model", choices=["model", "random-valid", "expert"],
+                    help="who replies: the model, or a reference policy (random valid actions; the expert/BFS ceiling)")
+    sp.add_argument("--json", default=None, metavar="PATH", help="also write the metrics as JSON")
     sp.add_argument("--env", action="append", help="env[:variant]; default: the run's validation envs")
     sp.add_argument("--engine", default=None, choices=["vllm", "hf"])
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="protocol override, e.g. val_groups=128, val_temperature=0")
+                    help="protocol override, e.g. val_groups=128 (with --config: experiment keys, "
+                         "e.g. starpo.val_groups=128)")
 
     # --- sweeps ---
     sp = sub.add_parser("sweep", help="Ray Tune sweep over StarPO knobs, trials as nested MLflow runs")

@@ -387,12 +387,30 @@ def eval_protocol(p: StarPOParams) -> dict[str, Any]:
             "format_penalty": p.format_penalty, "env_config": dict(p.env_config)}
 
 
+#: ``evaluate`` policies: the model, or a demonstration policy of ``envs/demos.py`` (no model runs).
+EVAL_POLICIES = ("model", "random-valid", "expert")
+
+
 def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: str | None = None,
-             overrides: Mapping[str, Any] | None = None, log: Callable[[str], None] = print) -> dict[str, float]:
-    """Evaluate an exported model with its run's validation protocol (or ``overrides``).
+             overrides: Mapping[str, Any] | None = None, log: Callable[[str], None] = print,
+             policy: str = "model", protocol: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """Evaluate a model, or a reference policy, with a run's validation protocol.
+
+    The protocol is ``protocol`` (``eval_protocol(params)`` of an experiment), else the one saved
+    next to an exported model, else the defaults; ``overrides`` change it key by key. The same
+    fixed initial states (``val_seed`` + 0..``val_groups``-1) and rollout loop serve every policy,
+    so a trained model, the untrained one and the baselines are compared state for state.
+
+    Args:
+        model_dir: a run folder, its ``hf_model`` folder, or any local HF model folder (the
+            untrained model). With a demonstration ``policy`` only its tokenizer is used.
+        policy: ``"model"``, or ``"random-valid"`` (uniformly random valid actions in the answer
+            format) or ``"expert"`` (BFS / shortest-path plans: the ceiling), see ``EVAL_POLICIES``.
 
     Returns ``{<env>/success, <env>/success_ci95, <env>/pass@k, <env>/well_formed_rate}``.
     """
+    if policy not in EVAL_POLICIES:
+        raise ValueError(f"policy must be one of {list(EVAL_POLICIES)}, got {policy!r}")
     import numpy as np
 
     from ragen_rllib.algorithms.starpo.algorithm import pass_at_k, success_ci95
@@ -409,11 +427,22 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
     if (model_dir / "hf_model").is_dir():  # a run folder or checkpoint parent
         model_dir = model_dir / "hf_model"
     f = model_dir / EVAL_PROTOCOL_FILE
-    proto = json.loads(f.read_text()) if f.is_file() else eval_protocol(StarPOParams())
+    if protocol is not None:
+        proto = dict(protocol)
+    else:
+        proto = json.loads(f.read_text()) if f.is_file() else eval_protocol(StarPOParams())
     proto.update(dict(overrides or {}))
     tok = load_tokenizer(str(model_dir))
-    eng = make_engine(engine or proto["engine"], str(model_dir), seed=proto["val_seed"],
-                      max_model_len=proto["max_context_tokens"] + proto["response_length"])
+    demo_fn = None
+    if policy == "model":
+        eng = make_engine(engine or proto["engine"], str(model_dir), seed=proto["val_seed"],
+                          max_model_len=proto["max_context_tokens"] + proto["response_length"])
+    else:  # the reply comes from the policy; the loop only needs the stop token to close each reply
+        from ragen_rllib.envs.demos import make_demo_fn
+
+        eng = _StopTokensOnly((tok.eos_token_id,) if tok.eos_token_id is not None else ())
+        demo_fn = make_demo_fn(policy, seed=int(proto["val_seed"]), enable_think=bool(proto["enable_think"]),
+                               max_actions=int(proto["max_actions_per_turn"]))
     out: dict[str, float] = {}
     try:
         for env in envs or proto["val_envs"]:
@@ -427,7 +456,7 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
                                sampling=SamplingParams(max_new_tokens=proto["response_length"],
                                                        temperature=proto["val_temperature"]))
             groups = [(10**9 + g, proto["val_seed"] + g) for g in range(proto["val_groups"])]
-            rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"]).rows
+            rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"], demo_fn=demo_fn).rows
             mean, half = success_ci95(np.array([r[Col.SUCCESS] for r in rows], dtype=float))
             per_state: dict[int, list[bool]] = {}
             for r in rows:
@@ -436,13 +465,22 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
             out.update({f"{env}/success": mean, f"{env}/success_ci95": half,
                         f"{env}/pass@{k}": pass_at_k(list(per_state.values()), k),
                         f"{env}/well_formed_rate": summarize(rows_to_table(rows))["well_formed_rate"]})
-            log(f"{env}: success {mean:.3f} ± {half:.3f} (95% CI, {len(rows)} episodes), pass@{k} "
+            log(f"{env} [{policy}]: success {mean:.3f} ± {half:.3f} (95% CI, {len(rows)} episodes), pass@{k} "
                 f"{out[f'{env}/pass@{k}']:.3f}, well-formed {out[f'{env}/well_formed_rate']:.3f}")
     finally:
         close = getattr(eng, "close", None)
         if callable(close):
             close()
     return out
+
+
+class _StopTokensOnly:
+    """The part of an ``Engine`` the rollout loop reads when a demonstration policy replies."""
+
+    policy_version = 0
+
+    def __init__(self, eos_token_ids: tuple[int, ...]) -> None:
+        self.eos_token_ids = eos_token_ids
 
 
 def _print_summary(history: list[dict[str, float]], final_val: Mapping[str, float], log: Callable[[str], None]) -> None:
