@@ -19,19 +19,13 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def _parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """Turn ``["key=value", ...]`` into a dict, reading ints/floats/bools/tuples where they parse."""
-    import ast
+    """``["key=value", ...]`` -> dict (the one parser: ``experiment.parse_sets``); a bad item exits."""
+    from ragen_rllib.algorithms.starpo.experiment import parse_sets  # yaml + params: no torch, no ray
 
-    out: dict[str, Any] = {}
-    for p in pairs:
-        if "=" not in p:
-            raise SystemExit(f"error: --set expects key=value, got {p!r}")
-        k, v = p.split("=", 1)
-        try:
-            out[k.strip()] = ast.literal_eval(v)  # literals only: never evaluates code
-        except (ValueError, SyntaxError):
-            out[k.strip()] = v
-    return out
+    try:
+        return parse_sets(pairs)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _make(args: argparse.Namespace):
@@ -218,8 +212,22 @@ def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _require_model(model: str) -> None:
+    """Exit with one line (and the fix) when the experiment's model is not a local folder: before
+    Ray or any engine starts, not after them."""
+    from ragen_rllib.models import resolve_model
+
+    try:
+        resolve_model(model)
+    except FileNotFoundError as e:
+        first = str(e).splitlines()[0]
+        raise SystemExit(f"error: starpo.model: {first} Point it at a local Hugging Face folder with "
+                         "--set starpo.model=/path/to/model, or use --profile cpu (the embedded SmolLM2).") from None
+
+
 def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
-    from ragen_rllib.algorithms.starpo.train import build_params, load_experiment, load_resume_config, train
+    from ragen_rllib.algorithms.starpo.experiment import Experiment, load_experiment
+    from ragen_rllib.algorithms.starpo.train import load_resume_config, train
 
     if bool(args.config) == bool(args.resume):
         raise SystemExit("error: give either --config FILE (a new run) or --resume RUN (continue a run)")
@@ -231,10 +239,11 @@ def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
             cfg = load_experiment(args.config, profile=args.profile, overrides=args.set or [])
             if args.run_name:
                 cfg["run_name"] = args.run_name
-        build_params(cfg)  # validate before anything starts
+        exp = Experiment.from_dict(cfg)  # every key and value checked before anything starts
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
-    res = train(cfg, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True),
+    _require_model(exp.starpo.model)
+    res = train(exp, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True),
                 resume=bool(args.resume))
     print(f"checkpoint: {res['checkpoint']}\nhf model: {res['hf_model']}\nmlflow run: {res['mlflow_run_id']}", file=out)
     return 0
@@ -251,12 +260,15 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     try:
         protocol, model = None, args.checkpoint
         if args.config:  # the experiment's validation protocol; --set takes its keys (starpo.val_groups=128)
-            from ragen_rllib.algorithms.starpo.train import build_params, eval_protocol, load_experiment
+            from ragen_rllib.algorithms.starpo.experiment import Experiment
+            from ragen_rllib.algorithms.starpo.train import eval_protocol
             from ragen_rllib.models import resolve_model
 
-            params = build_params(load_experiment(args.config, profile=args.profile, overrides=args.set or []))
+            params = Experiment.load(args.config, profile=args.profile, sets=args.set or []).starpo
             protocol, overrides = eval_protocol(params), {}
-            model = model or str(resolve_model(params.model))
+            if not model:
+                _require_model(params.model)
+                model = str(resolve_model(params.model))
         else:
             overrides = _parse_overrides(args.set or [])
         res = evaluate(model, envs=[e for s in (args.env or []) for e in s.split(",") if e] or None,

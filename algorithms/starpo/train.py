@@ -1,23 +1,12 @@
-"""``ragen-rllib train``: experiment YAML -> StarPOConfig -> ``algo.train()`` loop -> MLflow.
+"""``ragen-rllib train``: experiment -> StarPOConfig -> ``algo.train()`` loop, checkpoints, resume.
 
-Experiment file layout (``experiments/*.yaml``)::
-
-    preset: starpo_s            # starpo | starpo_s
-    iterations: 200
-    starpo: {env: sokoban, ...}  # StarPOParams overrides (RAGEN names)
-    rllib: {num_env_runners: 0, num_learners: 0}
-    tracking: {experiment: ragen-sokoban, tracking_uri: null}
-    profiles:                   # named overlays, e.g. a small CPU profile
-      cpu: {iterations: 20, starpo: {...}}
-
-``--set key=value`` overrides any leaf (``starpo.actor_lr=1e-5``, ``iterations=5``).
+The experiment (file layout, loader, ``--set`` parser) is ``experiment.py``; what happens around
+each iteration (MLflow, warm-up, Echo-Trap signals, validation, export) is ``session.Session``.
+This module keeps the loop and what only a ``train`` run has: checkpoints and ``--resume``.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
-import math
 import json
 import os
 import signal
@@ -25,130 +14,80 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
+from ragen_rllib.algorithms.starpo.experiment import (
+    Experiment,
+    build_params,
+    load_experiment,
+    parse_sets,
+    set_dotted,
+)
+from ragen_rllib.algorithms.starpo.params import StarPOParams
+from ragen_rllib.algorithms.starpo.session import (
+    EVAL_PROTOCOL_FILE,
+    KEY_METRICS,
+    Session,
+    eval_protocol,
+    export_hf,
+    flat_metrics,
+)
 
-from ragen_rllib.algorithms.starpo.params import PRESETS, StarPOParams
-
-KEY_METRICS = ("rollout/success", "rollout/return_mean", "rollout/well_formed_rate", "filter/std_all_mean",
-               "actor/entropy", "time/iteration")
-
-
-def _merge(base: dict, over: Mapping) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Set ``key.sub=value`` items in ``cfg`` in place (values parsed as Python literals, else strings).
-
-    Raises:
-        ValueError: an item without ``=``.
-    """
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        node = cfg
-        *parents, leaf = key.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return cfg
-
-
-def load_experiment(path: str | Path, profile: str | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Read an experiment YAML, apply a profile and ``key=value`` overrides.
-
-    Raises:
-        FileNotFoundError: missing file. ValueError: unknown profile, bad override, bad preset.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"experiment config {str(path)!r} does not exist")
-    cfg = yaml.safe_load(path.read_text()) or {}
-    profiles = cfg.pop("profiles", {}) or {}
-    if profile:
-        if profile not in profiles:
-            raise ValueError(f"{path}: unknown profile {profile!r}; profiles: {sorted(profiles)}")
-        cfg = _merge(cfg, profiles[profile])
-    apply_overrides(cfg, overrides)
-    preset = cfg.get("preset", "starpo_s")
-    if preset not in PRESETS:
-        raise ValueError(f"{path}: preset must be one of {sorted(PRESETS)}, got {preset!r}")
-    cfg["source"] = str(path)
-    cfg["profile"] = profile
-    return cfg
-
-
-def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
-    """StarPOParams from the preset + the ``starpo`` section (validated; errors name the field)."""
-    overrides = dict(cfg.get("starpo") or {})
-    for name in ("val_envs", "lora_target_modules"):  # YAML lists (or one name) -> the tuple fields
-        if name in overrides:
-            value = overrides[name]
-            overrides[name] = (value,) if isinstance(value, str) else tuple(value)
-    overrides.setdefault("total_training_steps", int(cfg.get("iterations", 0) or 0))  # the LR schedule's horizon
-    return PRESETS[cfg.get("preset", "starpo_s")](**overrides)
-
+__all__ = ["EVAL_PROTOCOL_FILE", "KEY_METRICS", "Experiment", "build_config", "build_params", "eval_protocol",
+           "evaluate", "export_hf", "flat_metrics", "init_ray", "load_experiment", "load_resume_config", "train"]
 
 #: Ray system config of a local ``ray.init``: start workers on demand, not two idle ones up front.
 NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-#: Keys of an experiment's ``rllib:`` section (RLlib resources; ``ray_num_cpus`` for a local ray.init).
-RLLIB_KEYS = ("num_env_runners", "num_cpus_per_env_runner", "num_gpus_per_env_runner",
-              "custom_resources_per_env_runner", "num_learners", "num_cpus_per_learner", "num_gpus_per_learner",
-              "ray_num_cpus")
 
 
-def build_config(cfg: Mapping[str, Any], run_name: str):
+def build_config(exp: Experiment | Mapping[str, Any], run_name: str):
+    """The ``StarPOConfig`` of an experiment (an ``Experiment`` or its resolved dict)."""
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
 
-    params = build_params(cfg)
-    rl = dict(cfg.get("rllib") or {})
-    if unknown := sorted(set(rl) - set(RLLIB_KEYS)):
-        raise ValueError(f"rllib: unknown key(s) {unknown}; known: {sorted(RLLIB_KEYS)}")
-    conf = (StarPOConfig().training(starpo=params)
-            .env_runners(num_env_runners=int(rl.get("num_env_runners", 0)),
-                         num_cpus_per_env_runner=rl.get("num_cpus_per_env_runner", 1),
-                         num_gpus_per_env_runner=rl.get("num_gpus_per_env_runner", 0),
-                         custom_resources_per_env_runner=dict(rl.get("custom_resources_per_env_runner") or {}))
-            .learners(num_learners=int(rl.get("num_learners", 0)),
-                      num_cpus_per_learner=rl.get("num_cpus_per_learner", "auto"),
-                      num_gpus_per_learner=rl.get("num_gpus_per_learner", 0))
-            .debugging(seed=params.seed)
-            .storage(run_dir=cfg.get("run_dir", "runs"), run_name=run_name))
-    return conf
+    exp = exp if isinstance(exp, Experiment) else Experiment.from_dict(exp)
+    rl = exp.rllib
+    return (StarPOConfig().training(starpo=exp.starpo)
+            .env_runners(num_env_runners=rl.num_env_runners, num_cpus_per_env_runner=rl.num_cpus_per_env_runner,
+                         num_gpus_per_env_runner=rl.num_gpus_per_env_runner,
+                         custom_resources_per_env_runner=dict(rl.custom_resources_per_env_runner))
+            .learners(num_learners=rl.num_learners, num_cpus_per_learner=rl.num_cpus_per_learner,
+                      num_gpus_per_learner=rl.num_gpus_per_learner)
+            .debugging(seed=exp.starpo.seed)
+            .storage(run_dir=exp.run_dir, run_name=run_name))
 
 
-def flat_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """Pick our namespaced scalar metrics out of an RLlib result dict."""
-    out: dict[str, float] = {}
+def init_ray(exp: Experiment) -> None:
+    """Connect to ``RAY_ADDRESS`` (a Ray job's driver, a chosen cluster), else start a local Ray;
+    nothing when Ray is already initialised."""
+    import ray
 
-    def walk(prefix: str, d: Any) -> None:
-        if isinstance(d, Mapping):
-            for k, v in d.items():
-                walk(f"{prefix}{k}" if not prefix else f"{prefix}/{k}", v)
-        elif isinstance(d, (int, float)) and not isinstance(d, bool):
-            if math.isfinite(float(d)):  # RLlib reports keys not logged this iteration (e.g. val/) as NaN
-                out[prefix] = float(d)
-
-    for k, v in result.items():
-        if isinstance(k, str) and k.split("/")[0] in ("rollout", "filter", "actor", "critic", "time", "val", "learner",
-                                                      "faults", "policy_version"):
-            walk(k, v)
-    return out
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):  # never start a second cluster next to the one asked for
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        # No pre-started idle workers: a local run's learner and engine live in this process, and
+        # each idle worker holds 85 MB (benchmarks/memory.py).
+        ray.init(num_cpus=exp.rllib.ray_num_cpus, include_dashboard=False, log_to_driver=False,
+                 _system_config=NO_PRESTART)
 
 
-def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[str], None] = print,
+def run_tags(exp: Experiment, algo: Any) -> dict[str, str]:
+    """MLflow tags every run of an experiment carries (env, preset, model, code, trajectories)."""
+    from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, current_job_id
+    from ragen_rllib.tracking.mlflow_logger import get_git_commit
+
+    tags = {"env": exp.starpo.env, "preset": exp.preset, "model": exp.starpo.model,
+            "git_commit": get_git_commit(Path.cwd()) or os.environ.get(GIT_COMMIT_ENV) or "unknown",
+            "arrow_dir": str(algo.store.directory)}
+    if job_id := current_job_id():
+        tags["ray_job_id"] = job_id
+    return tags
+
+
+def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, log: Callable[[str], None] = print,
           resume: bool = False) -> dict[str, Any]:
     """Run the experiment; returns a summary (final metrics, checkpoint path, MLflow run id).
 
-    Every ``checkpoint_freq`` iterations (experiment key, default 1) the algorithm is saved to
+    Every ``checkpoint_freq`` iterations (0: only at the end) the algorithm is saved to
     ``<run_dir>/<run_name>/checkpoint`` (atomically replaced), *then* the iteration's metrics go to
     MLflow. ``resume=True`` (``ragen-rllib train --resume RUN``) restores that checkpoint (model,
     critic, optimizer, RNG, seed counter, iteration), reopens the same MLflow run, sends any
@@ -157,33 +96,19 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
     checkpoint (``checkpoint_freq`` > 1) are redone but keep their first attempt's metrics in
     MLflow (tag ``resume_redone_steps``); with ``checkpoint_freq`` 1 nothing is ever redone.
     """
-    import ray
-
-    from ragen_rllib.launch.jobs import GIT_COMMIT_ENV, current_job_id
-    from ragen_rllib.tracking.echo_trap import EchoTrapMonitor
     from ragen_rllib.tracking.memory import PeakMemory
-    from ragen_rllib.tracking.mlflow_logger import MLflowTracker, get_git_commit
+    from ragen_rllib.tracking.mlflow_logger import MLflowTracker
 
-    run_name = cfg.get("run_name") or time.strftime("starpo-%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.get("run_dir", "runs"))
+    exp = cfg if isinstance(cfg, Experiment) else Experiment.from_dict(cfg)
+    run_name = exp.run_name or time.strftime("starpo-%Y%m%d-%H%M%S")
+    run_dir = Path(exp.run_dir)
     run_path = run_dir / run_name
-    params = build_params(cfg)
-    iterations = int(cfg.get("iterations", 10))
-    ckpt_freq = int(cfg.get("checkpoint_freq", 1))
-    tr = dict(cfg.get("tracking") or {})
-    uri = tracking_uri or tr.get("tracking_uri")
     info = read_resume_info(run_path) if resume else None
     memory = PeakMemory().start()  # this process and its descendants (local Ray, engine processes)
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):  # a Ray job's driver / a chosen cluster: connect, never start one
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        else:
-            # No pre-started idle workers: a local run's learner and engine live in this process, and
-            # each idle worker holds 85 MB (benchmarks/memory.py).
-            ray.init(num_cpus=int((cfg.get("rllib") or {}).get("ray_num_cpus", 2)), include_dashboard=False,
-                     log_to_driver=False, _system_config=NO_PRESTART)
-    algo = build_config(cfg, run_name).build_algo()
+    init_ray(exp)
+    algo = build_config(exp, run_name).build_algo()
     history: list[dict[str, float]] = []
+    uri = tracking_uri or exp.tracking.tracking_uri
     if info is not None:
         ckpt = _checkpoint_dir(run_path)
         algo.restore_from_path(str(ckpt.resolve()))
@@ -192,80 +117,39 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
         log(f"[resume] {run_name}: restored iteration {algo.iteration} (policy_version {algo.policy_version}) from "
             f"{ckpt}" + (f"; set aside {len(moved)} later Arrow file(s)" if moved else ""))
         uri = uri or info.get("tracking_uri")
-    tracker = MLflowTracker(tracking_uri=uri, experiment=tr.get("experiment", f"ragen-{params.env.split(':')[0]}"),
-                            run_name=run_name, local_dir=run_dir,
-                            run_id=info["mlflow_run_id"] if info else None,
-                            tags={"env": params.env, "preset": cfg.get("preset", "starpo_s"), "model": params.model,
-                                  "git_commit": get_git_commit(Path.cwd()) or os.environ.get(GIT_COMMIT_ENV)
-                                  or "unknown",
-                                  "arrow_dir": str(algo.store.directory),
-                                  **({"ray_job_id": job_id} if (job_id := current_job_id()) else {})})
-    tracker.start()
-    if info is None:
-        tracker.log_params({"starpo": params, "iterations": iterations, "rllib": cfg.get("rllib") or {},
-                            "profile": cfg.get("profile") or "default", "source": cfg.get("source", "")})
-        tracker.log_dict(json.loads(json.dumps(cfg, default=str)), "config/resolved.json")
-        write_resume_info(run_path, cfg, tracker.run_id, uri)
-        warm = cfg.get("warmup") or {}
-        if warm.get("steps"):
-            log(f"[warm-up] {warm['steps']} supervised steps on {warm.get('kind', 'random-valid')} demonstrations")
-            for s, m in enumerate(algo.warmup(int(warm["steps"]), warm.get("kind", "random-valid"),
-                                              groups=int(warm.get("groups", 4)),
-                                              group_size=int(warm.get("group_size", 4)))):
-                tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
-    logged = -1  # MLflow steps <= this are already in the run (each step is logged once)
-    if info is not None:
-        logged = tracker.last_step if tracker.last_step is not None else -1
-        tags = {"resumed_at_iteration": algo.iteration}
-        if logged >= algo.iteration:  # logged after the last checkpoint (checkpoint_freq > 1), now redone
-            tags["resume_redone_steps"] = f"{algo.iteration}-{logged} (MLflow keeps their first attempt)"
-        tracker.set_tags(tags)
-        for step, m in enumerate(history):  # checkpointed iterations the crash kept from MLflow
-            if step > logged:
-                tracker.log_metrics(m, step=step)
-        logged = max(logged, len(history) - 1)
-    monitor = EchoTrapMonitor()
-    for step, m in enumerate(history):
-        monitor.update(m, step=step)
-    stop = {"flag": False}
+    tracker = MLflowTracker(tracking_uri=uri, experiment=exp.mlflow_experiment, run_name=run_name,
+                            local_dir=run_dir, run_id=info["mlflow_run_id"] if info else None,
+                            tags=run_tags(exp, algo))
+    session = Session(exp, algo, tracker, run_path, log, history=history, memory=memory)
+    status = "FAILED"
     prev = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
-    status, t_start, start = "FINISHED", time.perf_counter(), algo.iteration
     try:
-        for i in range(start, iterations):
+        session.open(fresh=info is None)
+        if info is None:
+            write_resume_info(run_path, exp.config, tracker.run_id, uri)
+            session.warm_up()
+        else:
+            _catch_up_resumed(session, algo.iteration)
+        stop = {"flag": False}
+        signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
+        status, t_start, start = "FINISHED", time.perf_counter(), algo.iteration
+        for i in range(start, exp.iterations):
             t0 = time.perf_counter()
-            result = algo.train()
-            m = flat_metrics(result)
-            m["time/iteration"] = time.perf_counter() - t0
-            m.update(memory.metrics())
-            for sig in monitor.update(m, step=i):
-                log(sig.message)
-            m.update(monitor.flags())
-            history.append(m)
-            if ckpt_freq and ((i + 1) % ckpt_freq == 0 or i + 1 == iterations):
-                save_checkpoint(algo, run_path, history)
-            if i > logged:
-                tracker.log_metrics(m, step=i)
-            eta = (time.perf_counter() - t_start) / (i + 1 - start) * (iterations - i - 1)
-            shown = " ".join(f"{k.split('/')[-1]}={m[k]:.3g}" for k in KEY_METRICS if k in m)
-            val = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("val/") and k.endswith("/success"))
-            log(f"[{i + 1}/{iterations}] {shown} {val} eta {eta:.0f}s")
+            m = session.step(i, algo.train(), time.perf_counter() - t0)
+            if exp.checkpoint_freq and ((i + 1) % exp.checkpoint_freq == 0 or i + 1 == exp.iterations):
+                save_checkpoint(algo, run_path, session.history)
+            session.log_step(i, m)
+            eta = (time.perf_counter() - t_start) / (i + 1 - start) * (exp.iterations - i - 1)
+            log(session.progress_line(i, m, eta))
             if stop["flag"]:
                 status = "KILLED"
                 log("interrupted: saving a checkpoint and closing the MLflow run")
                 break
-        final_val = algo.validate() if params.test_freq else {}
-        tracker.log_metrics(final_val, step=len(history))
-        if final_val:
-            log(" ".join(f"{k}={v:.3f}" for k, v in final_val.items()))
-        ckpt = save_checkpoint(algo, run_path, history)
-        hf_dir = export_hf(algo, run_path / "hf_model")
-        (hf_dir / EVAL_PROTOCOL_FILE).write_text(json.dumps(eval_protocol(params), indent=2))
-        tracker.set_tags({"checkpoint": str(ckpt), "hf_model": str(hf_dir)})
-        if tr.get("log_model", True):  # the final policy as a Hugging Face folder (transformers / vLLM)
-            tracker.log_artifact(str(hf_dir), "hf_model")
-        _log_curves(tracker, history, run_path)
-        _print_summary(history, final_val, log)
+        final_val = session.validate()
+        ckpt = save_checkpoint(algo, run_path, session.history)
+        hf_dir = session.export()
+        tracker.set_tags({"checkpoint": str(ckpt)})
+        session.summarize(final_val)
         memory.sample()
         log(f"peak memory of the run (driver + Ray + engine processes): {memory.peak_rss_gb:.2f} GB summed RSS, "
             f"{memory.peak_pss_gb:.2f} GB summed PSS (shared pages split)")
@@ -278,15 +162,30 @@ def train(cfg: dict[str, Any], tracking_uri: str | None = None, log: Callable[[s
             f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "
             f"--run-dir {run_dir}")
         return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
-                "hf_model": str(hf_dir), "final": final_val, "history": history}
+                "hf_model": str(hf_dir), "final": final_val, "history": session.history}
     except BaseException:
         status = "FAILED"
         raise
     finally:
         signal.signal(signal.SIGINT, prev)
         memory.stop()
-        tracker.end(status=status)
+        session.close(status)
         algo.stop()
+
+
+def _catch_up_resumed(session: Session, iteration: int) -> None:
+    """A resumed run: tag it, and send the checkpointed iterations its MLflow run lacks (a crash
+    between checkpoint and log); steps logged after the checkpoint stay as first logged."""
+    tracker = session.tracker
+    logged = tracker.last_step if tracker.last_step is not None else -1
+    tags: dict[str, Any] = {"resumed_at_iteration": iteration}
+    if logged >= iteration:  # logged after the last checkpoint (checkpoint_freq > 1), now redone
+        tags["resume_redone_steps"] = f"{iteration}-{logged} (MLflow keeps their first attempt)"
+    tracker.set_tags(tags)
+    for step, m in enumerate(session.history):
+        if step > logged:
+            tracker.log_metrics(m, step=step)
+    session.logged = max(logged, len(session.history) - 1)
 
 
 RESUME_FILE = "resume.json"
@@ -316,7 +215,7 @@ def load_resume_config(run_path: str | Path, overrides: Sequence[str] = ()) -> d
     run_path = Path(run_path)
     cfg = read_resume_info(run_path)["config"]
     cfg["run_name"], cfg["run_dir"] = run_path.name, str(run_path.parent)
-    return apply_overrides(cfg, overrides)
+    return set_dotted(cfg, parse_sets(overrides), where=f"--resume {run_path}: --set")
 
 
 def _checkpoint_dir(run_path: Path) -> Path:
@@ -340,51 +239,6 @@ def save_checkpoint(algo: Any, run_path: Path, history: list[dict[str, float]]) 
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def export_hf(algo: Any, out: Path) -> Path:
-    """Save the trained policy as a Hugging Face folder (loadable by transformers and vLLM)."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ragen_rllib.models import resolve_model
-
-    src = resolve_model(algo.config.starpo.model)
-    weights = next(iter(algo.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))).get()
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
-
-
-def _log_curves(tracker: Any, history: list[dict[str, float]], out_dir: Path) -> None:
-    from ragen_rllib.tracking.plots import plot_curves
-
-    keys = [k for k in ("rollout/success", "filter/std_all_mean", "actor/entropy", "rollout/response_length_mean")
-            if any(k in h for h in history)]
-    keys += sorted({k for h in history for k in h if k.startswith("val/") and k.endswith("/success")})
-    png = plot_curves(history, keys, out_dir / "learning_curves.png", title=out_dir.name)
-    if png is not None:
-        tracker.log_artifact(str(png))
-
-
-EVAL_PROTOCOL_FILE = "ragen_eval_protocol.json"
-
-
-def eval_protocol(p: StarPOParams) -> dict[str, Any]:
-    """The validation protocol of a run, saved next to its exported model so ``eval`` repeats it."""
-    return {"val_envs": list(p.val_envs or (p.env,)), "val_groups": p.val_groups, "val_group_size": p.val_group_size,
-            "val_temperature": p.val_temperature, "val_seed": p.val_seed, "enable_think": p.enable_think,
-            "response_length": p.response_length, "max_turns": p.max_turns, "engine": p.engine,
-            "max_context_tokens": p.max_context_tokens, "max_actions_per_turn": p.max_actions_per_turn,
-            "format_penalty": p.format_penalty, "env_config": dict(p.env_config)}
 
 
 #: ``evaluate`` policies: the model, or a demonstration policy of ``envs/demos.py`` (no model runs).
@@ -481,16 +335,3 @@ class _StopTokensOnly:
 
     def __init__(self, eos_token_ids: tuple[int, ...]) -> None:
         self.eos_token_ids = eos_token_ids
-
-
-def _print_summary(history: list[dict[str, float]], final_val: Mapping[str, float], log: Callable[[str], None]) -> None:
-    if not history:
-        return
-    keys = [k for k in ("rollout/success", "rollout/return_mean", "rollout/well_formed_rate", "filter/std_all_mean",
-                        "filter/zero_std_frac", "actor/entropy", "actor/grad_norm", "rollout/response_length_mean",
-                        "time/iteration") if k in history[-1]]
-    log(f"{'metric':<32} {'first':>10} {'last':>10}")
-    for k in keys:
-        log(f"{k:<32} {history[0].get(k, float('nan')):>10.4g} {history[-1].get(k, float('nan')):>10.4g}")
-    for k, v in final_val.items():
-        log(f"{'final ' + k:<32} {'':>10} {v:>10.4g}")

@@ -203,3 +203,77 @@ def test_loading_experiments_does_not_import_ray() -> None:
             "print('ray' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]
+
+
+# ------------------------------------------------------------------ the typed Experiment (one loader)
+def test_experiment_is_typed_and_frozen() -> None:
+    import dataclasses
+
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+
+    exp = Experiment.load(ROOT / "experiments" / "bandit_starpo_s.yaml", "cpu", ["iterations=3", "warmup.steps=2"])
+    assert exp.iterations == 3 and exp.warmup.steps == 2 and exp.warmup.kind == "random-valid"
+    assert exp.rllib.num_learners == 0 and exp.tracking.log_model is True and exp.profile == "cpu"
+    assert exp.mlflow_experiment == "ragen-bandit" and exp.starpo.model == "smollm2-135m-instruct"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        exp.iterations = 4  # type: ignore[misc]
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("preset: starpo_s\nstarpo:\n  env: bandit\n  actor_lr: [1\n")
+    with pytest.raises(ValueError, match=rf"^{bad}:5:1: malformed YAML"):
+        Experiment.load(bad)
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["iteratons=3"], "did you mean 'iterations'"),
+    (["tracking.log_modl=False"], "did you mean 'tracking.log_model'"),
+    (["warmup.kind=oracle"], "warmup.kind must be one of"),
+    (["warmup.steps=-1"], "warmup.steps must be an int >= 0"),
+    (["checkpoint_freq=x"], "checkpoint_freq must be an int >= 0"),
+    (["rllib.num_gpu_per_learner=1"], "did you mean 'rllib.num_gpus_per_learner'"),
+    (["iterations.x=1"], "'iterations' is a single value"),
+    (["noequals"], "--set expects key=value"),
+])
+def test_every_key_and_value_is_checked(sets: list[str], match: str) -> None:
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+
+    with pytest.raises(ValueError, match=match):
+        Experiment.load(ROOT / "experiments" / "bandit_starpo_s.yaml", "cpu", sets)
+
+
+def test_train_and_sweep_accept_the_same_keys(tmp_path: Path) -> None:
+    """One parser: ``tracking.log_model=False`` works for ``train`` and as a sweep override (it
+    used to be refused by the sweep's own parser)."""
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+    from ragen_rllib.algorithms.starpo.sweep_spec import load_sweep
+
+    exp = Experiment.load(ROOT / "experiments" / "bandit_starpo_s.yaml", "cpu", ["tracking.log_model=False"])
+    assert exp.tracking.log_model is False
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(ROOT / "experiments" / "bandit_starpo_s.yaml"), "profile": "cpu",
+                                     "iterations": 2, "search_space": {"starpo.lam": {"grid": [0.9, 1.0]}}}))
+    spec = load_sweep(sweep, ["tracking.log_model=False"])
+    assert spec.experiment["tracking"]["log_model"] is False
+
+
+def test_the_sweep_file_parser_is_ray_free() -> None:
+    code = ("import sys; import ragen_rllib.algorithms.starpo.sweep_spec, ragen_rllib.algorithms.starpo.experiment; "
+            "print('ray' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_default_config_without_its_model_fails_before_ray_starts() -> None:
+    """The GPU default names a model folder this machine does not have: one line with the fix,
+    and Ray never imported (let alone started)."""
+    code = ("import sys, io\nfrom ragen_rllib import cli\ntry:\n"
+            "    cli.main(['train', '--config', 'experiments/bandit_starpo_s.yaml'], out=io.StringIO())\n"
+            "except SystemExit as e:\n    print(str(e)); print('ray' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    msg, ray_loaded = out.stdout.strip().splitlines()
+    assert msg.startswith("error: starpo.model:") and "--set starpo.model=" in msg
+    assert ray_loaded == "False"

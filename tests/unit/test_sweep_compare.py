@@ -114,7 +114,7 @@ def test_trainable_config_defaults_like_train(tmp_path: Path) -> None:
     ({"search_space": {"starpo.actor_lr": {"grid": []}}}, r"grid needs a non-empty list"),
     ({"search_space": {"tracking.experiment": {"grid": ["a", "b"]}}}, r"'tracking' is sweep-wide"),
     ({"search_space": {"learning_rate": {"grid": [1]}}}, r"key 'learning_rate' must start with one of"),
-    ({"search_space": {"rllib": {"grid": [1]}}}, r"key 'rllib' must be 'rllib.<name>'"),
+    ({"search_space": {"rllib": {"grid": [1]}}}, r"key 'rllib': '' is not a field of 'rllib'"),
     ({"search_space": {}}, r"'search_space' must map at least one dotted key"),
     ({"overrides": {"starpo.rollout_filter_ratio": 0.5}}, r"both a fixed override and in search_space"),
     ({"overrides": {"starpo.clip_ratio_low": 2.0}}, r"base experiment.*clip_ratio_low.*2.0"),
