@@ -29,7 +29,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from ragen_rllib.algorithms.starpo.config import StarPOConfig
-from ragen_rllib.algorithms.starpo.learner import DEFER_FORWARD
+from ragen_rllib.algorithms.starpo.update_batch import Mode, UpdateBatch
 from ragen_rllib.core import starpo as S
 from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, take_groups, to_padded_tensors, with_kept
 from ragen_rllib.trajectory.schema import Col
@@ -191,46 +191,41 @@ class StarPO(Algorithm):
         return set(unique[kept_idx].tolist()), metrics
 
     def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:
-        """The update batch: token rewards placed (``S.place_rewards``), then either advantages
-        from a no-grad learner pass (old log-probs, values), or, when the update's own forward
-        can supply those (``_reuses_update_forward``), the rewards alone: the learner then
-        computes the advantages from that forward, detached (the same pure ``S.estimate_advantages``)."""
+        """The ``UpdateBatch`` of the kept rows: token rewards placed (``S.place_rewards``), then
+        either advantages from a no-grad learner pass (``_precomputed``), or, when the update's own
+        forward can give the old log-probs and values (``_reuses_update_forward``), the rewards
+        alone: the learner then computes the advantages with the same ``S.estimate_advantages``."""
         p = self.config.starpo
         t = to_padded_tensors(train)
-        mask = t[Col.LOSS_MASK]
-        np_batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
-                    "loss_mask": mask.numpy(), "policy_version": t[Col.POLICY_VERSION].numpy(),
-                    "sample_logprobs": t[Col.SAMPLE_LOGPROBS].numpy()}
-        turn_rewards = [list(r) for r in train[Col.TURN_REWARDS].to_pylist()]
-        token_turn = _pad_token_turn(train, mask.shape)
-        rewards = S.place_rewards(mask, token_turn, turn_rewards, per_turn=p.use_turn_scores)
-        n = len(np_batch["token_ids"])
-        metrics: dict[str, float] = {}
-        if self._reuses_update_forward(np_batch["attention_mask"].sum(1).tolist()):
-            if np.any(np_batch["policy_version"] != self.policy_version):
-                raise RuntimeError(f"off-policy rows: algorithm at policy_version {self.policy_version}, rows carry "
-                                   f"{sorted(set(int(v) for v in np_batch['policy_version']))}")
-            batch = {**np_batch, "token_rewards": rewards.numpy().astype(np.float32),
-                     "token_turn": token_turn.numpy(), "group_ids": t[Col.GROUP_ID].numpy().astype(np.int64)}
+        token_turn = _pad_token_turn(train, t[Col.LOSS_MASK].shape)
+        rewards = S.place_rewards(t[Col.LOSS_MASK], token_turn, [list(r) for r in train[Col.TURN_REWARDS].to_pylist()],
+                                  per_turn=p.use_turn_scores)
+        _check_on_policy(t[Col.POLICY_VERSION].numpy(), self.policy_version)
+        if self._reuses_update_forward(t["attention_mask"].sum(1).tolist()):
+            ub, metrics = update_batch(t, Mode.RL_FROM_UPDATE_FORWARD, token_rewards=rewards.numpy(),
+                                       token_turn=token_turn.numpy(), group_ids=t[Col.GROUP_ID].numpy()), {}
         else:
-            version = self.policy_version
-            extra = _first(self.learner_group.foreach_learner(
-                lambda lrn: lrn.compute_rollout_tensors(np_batch, version)))
-            if p.kl_mode == "reward":
-                kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask,
-                                  p.kl_type)
-                rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
-                metrics.update(kl_metrics)
-            adv, returns = S.estimate_advantages(
-                rewards, torch.as_tensor(extra["old_values"]), mask, token_turn, t[Col.GROUP_ID], **p.adv_kwargs())
-            metrics["actor/entropy_rollout"] = float((torch.as_tensor(extra["entropy"]) * mask).sum()
-                                                     / mask.sum().clamp(min=1))
-            batch = {**np_batch, "old_logp": extra["old_logp"], "old_values": extra["old_values"],
-                     "advantages": adv.numpy(), "returns": returns.numpy()}
-            if "ref_logp" in extra:
-                batch["ref_logp"] = extra["ref_logp"]
-        batch[DEFER_FORWARD] = np.ones(n, dtype=np.float32)  # the learner micro-batches its own forward
-        return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n), metrics
+            ub, metrics = self._precomputed(t, rewards, token_turn)
+        return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(ub.columns())}, env_steps=len(ub)), metrics
+
+    def _precomputed(self, t: dict[str, torch.Tensor], rewards: torch.Tensor, token_turn: torch.Tensor
+                     ) -> tuple[UpdateBatch, dict[str, float]]:
+        """Old log-probs, values (and reference log-probs) from a no-grad learner pass; KL into the
+        reward (``kl_mode: reward``); advantages and returns (``S.estimate_advantages``)."""
+        p, mask, version = self.config.starpo, t[Col.LOSS_MASK], self.policy_version
+        rows = {k: t[c].numpy() for k, c in (("token_ids", Col.TOKEN_IDS), ("attention_mask", "attention_mask"),
+                                             ("loss_mask", Col.LOSS_MASK), ("policy_version", Col.POLICY_VERSION))}
+        extra = _first(self.learner_group.foreach_learner(lambda lrn: lrn.compute_rollout_tensors(rows, version)))
+        metrics = {"actor/entropy_rollout": float((torch.as_tensor(extra["entropy"]) * mask).sum()
+                                                  / mask.sum().clamp(min=1))}
+        if p.kl_mode == "reward":
+            kl = S.kl_penalty(torch.as_tensor(extra["old_logp"]), torch.as_tensor(extra["ref_logp"]), mask, p.kl_type)
+            rewards, kl_metrics = S.apply_kl_in_reward(rewards, kl, mask, p.kl_coef)
+            metrics.update(kl_metrics)
+        adv, returns = S.estimate_advantages(rewards, torch.as_tensor(extra["old_values"]), mask, token_turn,
+                                             t[Col.GROUP_ID], **p.adv_kwargs())
+        return update_batch(t, Mode.RL, old_logp=extra["old_logp"], old_values=extra["old_values"],
+                            advantages=adv.numpy(), returns=returns.numpy(), ref_logp=extra.get("ref_logp")), metrics
 
     def _reuses_update_forward(self, lengths: list[int]) -> bool:
         """True when the update's forward can give the old log-probs and values (detached) exactly:
@@ -431,13 +426,10 @@ class StarPO(Algorithm):
             grp = [(-(s * groups + g + 1), p.seed + 10**7 + s * groups + g) for g in range(groups)]
             rows, _ = self._sample(grp, group_size, p.env, p.temperature, iteration=0, sampling_seed=p.seed + s,
                                    demo=kind)
-            t = to_padded_tensors(rows_to_table(rows))
-            n = t[Col.TOKEN_IDS].shape[0]
-            batch = {"token_ids": t[Col.TOKEN_IDS].numpy(), "attention_mask": t["attention_mask"].numpy(),
-                     "loss_mask": t[Col.LOSS_MASK].numpy(), "sft": np.ones(n, dtype=np.float32),
-                     DEFER_FORWARD: np.ones(n, dtype=np.float32)}
+            ub = update_batch(to_padded_tensors(rows_to_table(rows)), Mode.SFT)
             # minibatch_size=None: one step over each learner's whole shard (n would cycle a shard to n rows)
-            res = self.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=n),
+            res = self.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(ub.columns())},
+                                                                  env_steps=len(ub)),
                                             minibatch_size=None, num_epochs=1)
             m = {k: v for k, v in _flatten_learner_results(res).items() if "sft" in k or "norm" in k}
             m["time/warmup_step"] = time.perf_counter() - t0
@@ -527,6 +519,19 @@ class _timer:
 
     def __exit__(self, *exc: Any) -> None:
         self.sink[self.name] = time.perf_counter() - self.t0
+
+
+def update_batch(t: dict[str, torch.Tensor], mode: Mode, **fields: Any) -> UpdateBatch:
+    """The ``UpdateBatch`` of padded trajectory tensors (``to_padded_tensors``) plus ``fields``."""
+    return UpdateBatch(mode=mode, token_ids=t[Col.TOKEN_IDS].numpy(), attention_mask=t["attention_mask"].numpy(),
+                       loss_mask=t[Col.LOSS_MASK].numpy(), sample_logprobs=t[Col.SAMPLE_LOGPROBS].numpy(),
+                       policy_version=t[Col.POLICY_VERSION].numpy(), **fields)
+
+
+def _check_on_policy(versions: np.ndarray, policy_version: int) -> None:
+    if np.any(versions != policy_version):
+        raise RuntimeError(f"off-policy rows: algorithm at policy_version {policy_version}, rows carry "
+                           f"{sorted(set(int(v) for v in versions))}")
 
 
 def _pad_token_turn(table: Any, shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,16 +1,15 @@
 """``StarPOLearner``: a thin caller of the pure StarPO math (``ragen_rllib.core.starpo``).
 
-Per update batch (keys, all (B, T) unless noted; right-padded): ``token_ids``, ``attention_mask``,
-``loss_mask``, ``old_logp`` (nats), ``advantages``, ``returns``, ``old_values``, optional
-``ref_logp``, and ``defer_forward`` (B,). The Algorithm computes advantages (pure functions) from
-the tensors this learner returns in ``compute_rollout_tensors`` before the update; or, when one
-epoch of one mini-batch in one micro-batch is all there is (``StarPO._reuses_update_forward``), it
-sends ``token_rewards``, ``token_turn`` (B, T) and ``group_ids`` (B,) instead, and the update's own
-forward, detached, supplies the old log-probs and values (no second forward; ratio exactly 1).
+Per update an ``update_batch.UpdateBatch`` (its columns; shapes and dtypes are documented
+there), whose ``mode`` says what to do: ``RL`` (old log-probs, values and advantages computed by
+the Algorithm from this learner's ``compute_rollout_tensors`` pass), ``RL_FROM_UPDATE_FORWARD``
+(one epoch of one mini-batch in one micro-batch: the update's own forward, detached, supplies the
+old log-probs and values, and the advantages follow from ``token_rewards``; ratio exactly 1), or
+``SFT`` (the warm-up's cross-entropy).
 
-The update path is RLlib's (forward → loss → gradients → postprocess → apply). With
-``defer_forward`` in the batch the RLModule's ``forward_train`` returns nothing and
-``compute_loss_for_module`` runs the forward/backward itself, micro-batch by micro-batch within
+The update path is RLlib's (forward → loss → gradients → postprocess → apply). For an
+``UpdateBatch`` (or a plain batch with ``defer_forward``) the RLModule's ``forward_train`` returns
+nothing and ``compute_loss_for_module`` runs the forward/backward itself, micro-batch by micro-batch within
 a padded-token budget (``ppo_max_token_len_per_gpu``), each micro-batch's loss weighted so the
 accumulated gradient equals the one-pass gradient of the mini-batch (``S.micro_batch_scale``).
 Backward, the gradient reduction across learners, clipping (per optimizer) and the step belong to
@@ -31,13 +30,16 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
+from ragen_rllib.algorithms.starpo import update_batch as U
 from ragen_rllib.algorithms.starpo.backends import LearnerBackend, TorchBackend
+from ragen_rllib.algorithms.starpo.update_batch import Mode
 from ragen_rllib.core import starpo as S
 
 #: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
 DEFER_FORWARD = "defer_forward"
-_BATCH_KEYS_2D = ("token_ids", "attention_mask", "loss_mask", "old_logp", "advantages", "returns", "old_values",
-                  "ref_logp", "sample_logprobs", "token_rewards", "token_turn")
+#: (B, T) columns, cut to a micro-batch's longest row (the others are (B,)).
+_BATCH_KEYS_2D = (U.TOKEN_IDS, U.ATTENTION_MASK, U.LOSS_MASK, U.OLD_LOGP, U.ADVANTAGES, U.RETURNS, U.OLD_VALUES,
+                  U.REF_LOGP, U.SAMPLE_LOGPROBS, U.TOKEN_REWARDS, U.TOKEN_TURN)
 
 
 class StarPOLearner(TorchLearner):
@@ -221,28 +223,31 @@ class StarPOLearner(TorchLearner):
         ran the forward (``fwd_out``) and the whole mini-batch is one micro-batch.
         """
         p = config.starpo
+        mode = U.mode_of(batch)  # None: a plain dict batch (RLlib's forward, or DEFER_FORWARD)
         self._backend.zero_grad()
-        if DEFER_FORWARD not in batch:
-            actor, critic, metrics = self._loss(p, batch, fwd_out)
+        if mode is None and DEFER_FORWARD not in batch:
+            actor, critic, metrics = self._loss(p, batch, fwd_out, sft="sft" in batch)
             self._backend.backward(actor, critic, last=True)
             self._log(module_id, metrics)
             return (actor if critic is None else actor + critic).detach()
         module = self._policy_module()
         mask = batch["loss_mask"]
         n_tok, n_rows = int((mask > 0).sum()), int(((mask > 0).sum(1) > 0).sum())
-        agg = "token-mean" if "sft" in batch else p.loss_agg_mode
+        sft = mode == Mode.SFT
+        agg = "token-mean" if sft else p.loss_agg_mode
         plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
         total, metrics = 0.0, {}
-        reuse = "sft" not in batch and "advantages" not in batch  # old log-probs/values from this forward
+        reuse = mode == Mode.RL_FROM_UPDATE_FORWARD  # old log-probs/values from this forward
         if reuse and len(plan) != 1:
             raise RuntimeError(f"an update batch without advantages needs one micro-batch, planned {len(plan)}")
         for j, idx in enumerate(plan):
             mb = _take(batch, idx)
             w = S.micro_batch_scale(mb["loss_mask"], n_tok, n_rows, agg)
-            fwd = module.forward_train(mb)
+            fwd = module.score(mb[U.TOKEN_IDS], mb[U.ATTENTION_MASK], mb[U.LOSS_MASK], with_values=not sft,
+                               with_entropy=True, temperature=1.0 if sft else None)  # SFT: the model's own T=1
             if reuse:
                 mb = self._old_from_update_forward(p, module, mb, fwd, metrics)
-            actor, critic, m = self._loss(p, mb, fwd)
+            actor, critic, m = self._loss(p, mb, fwd, sft)
             self._backend.backward(actor * w, None if critic is None else critic * w, last=j == len(plan) - 1)
             total += float((actor if critic is None else actor + critic).detach()) * w
             for k, v in m.items():
@@ -281,7 +286,7 @@ class StarPOLearner(TorchLearner):
         metrics["actor/old_logp_from_update_forward"] = 1.0
         return out
 
-    def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor]
+    def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor], sft: bool
               ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Actor loss (pg - entropy bonus + KL), critic loss (None without a critic), metrics.
 
@@ -289,7 +294,7 @@ class StarPOLearner(TorchLearner):
         """
         mask = batch["loss_mask"].float()
         logp = fwd_out["logp"]
-        if "sft" in batch:  # supervised warm-up: cross-entropy on the demonstration tokens
+        if sft:  # supervised warm-up: cross-entropy on the demonstration tokens
             loss = -S.aggregate_loss(logp, mask, "token-mean")
             return loss, None, {"sft/loss": float(loss.detach())}
         old_logp = batch["old_logp"] if p.old_logp_source == "recompute" else batch["sample_logprobs"]

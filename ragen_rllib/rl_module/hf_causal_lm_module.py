@@ -178,7 +178,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        if "defer_forward" in batch:  # the learner runs the forward per micro-batch (learner.DEFER_FORWARD)
+        if "defer_forward" in batch or "mode" in batch:  # an UpdateBatch: the learner runs the forward per
+            # micro-batch itself (update_batch.py; learner.DEFER_FORWARD for plain batches)
             return {}
         # The SFT warm-up's cross-entropy is the model's own distribution (T=1), not the sampler's.
         return self.score(batch["token_ids"], batch["attention_mask"], batch["loss_mask"], with_values=True,

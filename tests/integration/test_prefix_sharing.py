@@ -118,7 +118,7 @@ def test_update_forward_as_old_logp_gives_the_same_loss_and_gradient(tiny_model_
             cfg._is_frozen = True
             mab, _ = algo._advantages(train)
             b = {k: torch.as_tensor(np.asarray(v)) for k, v in mab.policy_batches[DEFAULT_MODULE_ID].items()}
-            assert ("advantages" not in b) == reuse
+            assert ("advantages" not in b) == reuse and int(b["mode"][0]) == (1 if reuse else 0)
             loss = learner.compute_loss_for_module(module_id=DEFAULT_MODULE_ID, config=learner.config, batch=b,
                                                    fwd_out={})
             learner.compute_gradients({DEFAULT_MODULE_ID: loss})
