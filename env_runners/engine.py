@@ -37,6 +37,8 @@ class SamplingParams:
         top_p / top_k: nucleus / top-k filtering (1.0 / -1 = off).
         seed: base seed; prompt i is sampled with ``seed + i`` where the engine supports it.
         stop_token_ids: extra ids that end a reply (the tokenizer's EOS always does).
+        stop: strings that end a reply once its decoded text contains one; the reply keeps every
+            sampled token up to the one that completed the string (token-exact: nothing is cut).
     """
 
     max_new_tokens: int = 400
@@ -45,6 +47,7 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

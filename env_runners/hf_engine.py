@@ -192,6 +192,10 @@ class HFEngine:
                 tokens = self._sample(logits, params, greedy, gens, active)  # (A,)
                 tok_lp = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # (A,)
                 is_stop = torch.isin(tokens, stop_ids)  # (A,)
+                if params.stop:  # stop strings: decode each active row's reply so far
+                    is_stop = is_stop | torch.as_tensor(
+                        [self._ends_with_stop(out_ids[row] + [tok], params.stop)
+                         for row, tok in zip(active.tolist(), tokens.tolist(), strict=True)], device=dev)
                 for row, tok, lp, stop in zip(active.tolist(), tokens.tolist(), tok_lp.tolist(), is_stop.tolist(),
                                               strict=False):
                     out_ids[row].append(tok)
@@ -218,6 +222,13 @@ class HFEngine:
                 )
                 next_pos = next_pos + 1
         return [Generation(token_ids=out_ids[i], logprobs=out_lps[i], finish_reason=reasons[i]) for i in range(bsz)]
+
+    def _ends_with_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
+        """True when the decoded reply contains a stop string (as vLLM checks it)."""
+        if self.tokenizer is None:
+            raise ValueError("HFEngine: stop strings need a tokenizer (pass one, or a model folder that has one)")
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return any(s in text for s in stop)
 
     def _sample(
         self,

@@ -29,6 +29,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from ragen_rllib.env_runners.engine import SamplingParams
 from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
 from ragen_rllib.prompting import PromptConfig
+from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
 
 POLICY_VERSION_KEY = "policy_version"
 WEIGHTS_KEY = "policy_weights"
@@ -96,7 +97,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             max_turns=max_turns,
             prompt=PromptConfig(enable_think=p.enable_think, max_actions_per_turn=p.max_actions_per_turn,
                                 format_penalty=p.format_penalty, max_context_tokens=p.max_context_tokens),
-            sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature))
+            sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature,
+                                    stop=(ANSWER_CLOSE,) if p.stop_at_answer_end else ()))
 
     def _loop(self, env: str, temperature: float, max_turns: int | None) -> RolloutLoop:
         key = (env, temperature, max_turns)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from ragen_rllib.env_runners.engine import Engine, SamplingParams
 from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec, RolloutStats
 from ragen_rllib.prompting import PromptConfig
+from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
 
 ENGINES = ("vllm", "hf")
 
@@ -75,6 +76,7 @@ class RolloutJob:
     seed: int = 0
     enable_think: bool = True
     temperature: float = 1.0
+    stop_at_answer_end: bool = True  # end each reply at its first </answer> (StarPOParams.stop_at_answer_end)
     max_new_tokens: int = 200
     max_context_tokens: int = 3600
     env_config: dict[str, Any] = field(default_factory=dict)
@@ -105,7 +107,8 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
                          max_model_len=job.max_context_tokens + job.max_new_tokens)
     log(f"[rollout] {job.engine} engine on {job.model} ready in {time.perf_counter() - t0:.1f}s")
     prompt = PromptConfig(enable_think=job.enable_think, max_context_tokens=job.max_context_tokens)
-    sampling = SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature)
+    sampling = SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature,
+                              stop=(ANSWER_CLOSE,) if job.stop_at_answer_end else ())
     loops = []
     for env in job.envs:
         name, _, variant = env.partition(":")

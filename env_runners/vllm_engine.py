@@ -214,7 +214,11 @@ class VLLMEngine:
                 seed=None if params.seed is None or not seeded else params.seed + slots[u][0],
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=stop_ids,
-                detokenize=self.detokenize,
+                # A stop string is found in decoded text, so it needs detokenising; the string
+                # stays in the output (and its tokens in token_ids, all of which were sampled).
+                stop=list(params.stop) or None,
+                include_stop_str_in_output=bool(params.stop),
+                detokenize=self.detokenize or bool(params.stop),
             )
             for u in uniq
         ]

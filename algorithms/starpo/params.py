@@ -38,6 +38,10 @@ class StarPOParams:
     group_size: int = 16  # N samples per group
     max_turns: int | None = None  # None: the env's MAX_TURNS (RAGEN max_turn)
     response_length: int = 400  # max new tokens per turn
+    # End a reply at its first "</answer>" (the engine stops there; those tokens stay sampled).
+    # Everything after it is ignored by the parser, yet was sampled and trained on: SmolLM2-135M
+    # kept writing "|| Down </answer ..." until response_length, drifting out of format.
+    stop_at_answer_end: bool = True
     temperature: float = 1.0
     enable_think: bool = True
     max_actions_per_turn: int = 5

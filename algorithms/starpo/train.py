@@ -273,6 +273,7 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
     from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
     from ragen_rllib.models.loading import load_tokenizer
     from ragen_rllib.prompting import PromptConfig
+    from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
     from ragen_rllib.trajectory import rows_to_table
     from ragen_rllib.trajectory.schema import Col
     from ragen_rllib.trajectory.summary import summarize
@@ -308,6 +309,8 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
                                                    format_penalty=proto["format_penalty"],
                                                    max_context_tokens=proto["max_context_tokens"]),
                                sampling=SamplingParams(max_new_tokens=proto["response_length"],
+                                                       stop=(ANSWER_CLOSE,) if proto.get("stop_at_answer_end", False)
+                                                       else (),
                                                        temperature=proto["val_temperature"]))
             groups = [(10**9 + g, proto["val_seed"] + g) for g in range(proto["val_groups"])]
             rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"], demo_fn=demo_fn).rows

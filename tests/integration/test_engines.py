@@ -481,3 +481,27 @@ def test_vllm_many_identical_seeded_prompts_do_not_crash(vllm_tiny) -> None:
     prompt = [(11 * j) % 1000 + 10 for j in range(300)]
     gens = vllm_tiny.generate([prompt] * 64, SamplingParams(max_new_tokens=4, temperature=1.0, seed=9))
     assert len(gens) == 64
+
+
+def _stop_string_case(engine) -> tuple[list[int], str, int]:
+    """A greedy reply, a stop string first completed at token k (the decoded text of a token that
+    does not occur earlier), and k: the reply with that stop must be the first k + 1 tokens."""
+    tok = engine.tokenizer
+    (ref,) = engine.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=12, temperature=0.0))
+    for k in range(2, len(ref.token_ids)):
+        s = tok.decode([ref.token_ids[k]], skip_special_tokens=False).strip()
+        if len(s) >= 2 and s not in tok.decode(ref.token_ids[:k], skip_special_tokens=False):
+            return ref.token_ids, s, k
+    pytest.skip("no token of the greedy reply decodes to a fresh multi-character string")
+
+
+def test_hf_stops_at_a_stop_string_keeping_every_sampled_token(hf_tiny) -> None:
+    ids, s, k = _stop_string_case(hf_tiny)
+    (g,) = hf_tiny.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=12, temperature=0.0, stop=(s,)))
+    assert g.token_ids == ids[: k + 1] and g.finish_reason == "stop"
+
+
+def test_vllm_stops_at_a_stop_string_like_hf(vllm_tiny, hf_tiny) -> None:
+    ids, s, k = _stop_string_case(hf_tiny)
+    (g,) = vllm_tiny.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=12, temperature=0.0, stop=(s,)))
+    assert g.token_ids == ids[: k + 1] and g.finish_reason == "stop"
