@@ -30,6 +30,7 @@ from ray.rllib.utils.annotations import override
 
 from ragen_rllib.algorithms.starpo.config import StarPOConfig
 from ragen_rllib.algorithms.starpo.update_batch import Mode, UpdateBatch
+from ragen_rllib.env_runners.runner_pool import RunnerPool
 from ragen_rllib.core import starpo as S
 from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, take_groups, to_padded_tensors, with_kept
 from ragen_rllib.trajectory.schema import Col
@@ -103,6 +104,8 @@ class StarPO(Algorithm):
         self.set_aside: list[Any] = []  # Arrow files of iterations after a restored checkpoint (kept aside)
         run = config.run_name or time.strftime("starpo-%Y%m%d-%H%M%S")
         self.store = TrajectoryStore(config.run_dir, run)
+        self.runners = RunnerPool(self.env_runner_group, config.num_consecutive_env_runner_failures_tolerance,
+                                  config.env_runner_health_probe_timeout_s)
 
     # ------------------------------------------------------------ the spine
     @override(Algorithm)
@@ -140,45 +143,14 @@ class StarPO(Algorithm):
 
     def _sample(self, groups: list[tuple[int, int]], group_size: int, env: str, temperature: float, iteration: int,
                 sampling_seed: int, demo: str | None = None) -> tuple[list[dict], dict[str, float]]:
-        """Split groups across env runners, roll out, merge rows by (group_id, sample_idx).
-
-        Groups are dealt round-robin into one chunk per remote runner (``groups[i::n]``). Before
-        sampling, restarted runners are restored and any runner behind ``policy_version`` gets the
-        current weights (``_bring_runners_to_policy``). A chunk whose runner dies mid-rollout is
-        re-sampled whole, with the same groups and seeds, on a healthy or restarted runner
-        (``_sample_chunks``), so every group comes from exactly one runner's result.
-
-        Returns:
-            ``len(groups) * group_size`` rows sorted by (group_id, sample_idx), and the runners'
-            summed stats (``wall_s``: seconds of the whole call, retries included).
-
-        Raises:
-            RuntimeError: a runner's rows carry another ``policy_version`` than the algorithm's; a
-                group is missing, duplicated or has the wrong initial seed; or more than
-                ``num_consecutive_env_runner_failures_tolerance`` attempts of this call lost a chunk.
-        """
-        kw = dict(group_size=group_size, env=env, temperature=temperature, run_id=self.store.run_id,
-                  iteration=iteration, sampling_seed=sampling_seed, demo=demo)
-        t0 = time.perf_counter()
-        self._bring_runners_to_policy()
-        n = self.env_runner_group.num_remote_env_runners()
-        resampled = 0
-        if n == 0:
-            outs = [self.env_runner.sample(groups=groups, **kw)]
-        else:
-            chunks = [groups[i::n] for i in range(n) if groups[i::n]]
-            outs, resampled = self._sample_chunks(chunks, kw)
-        for o in outs:
-            versions = sorted({r[Col.POLICY_VERSION] for r in o["rows"]} | {o["policy_version"]})
-            if versions != [self.policy_version]:
-                raise RuntimeError(f"env runner {o['worker_index']} returned rows with policy_version {versions}, "
-                                   f"but the algorithm is at policy_version {self.policy_version}")
-        rows = sorted((row for o in outs for row in o["rows"]), key=lambda r: (r[Col.GROUP_ID], r[Col.SAMPLE_IDX]))
-        self._check_merged_groups(rows, groups, group_size)
-        stats = {k: float(sum(o["stats"][k] for o in outs)) for k in outs[0]["stats"]}
-        stats["wall_s"] = time.perf_counter() - t0
+        """Rows of ``groups`` x ``group_size`` from the env runners (``RunnerPool.sample``: sharding,
+        merge checks, weights for runners behind, re-sampling the groups of a runner that died)."""
+        kw = dict(env=env, temperature=temperature, run_id=self.store.run_id, iteration=iteration,
+                  sampling_seed=sampling_seed, demo=demo)
+        rows, stats, resampled = self.runners.sample(groups, group_size, kw, self.policy_version,
+                                                     self._learner_weights)
         self.metrics.log_value("faults/resampled_groups", resampled, reduce="lifetime_sum")
-        self._log({"faults/env_runner_restarts": float(self.env_runner_group.num_remote_worker_restarts())})
+        self._log({"faults/env_runner_restarts": float(self.runners.restarts())})
         return rows, stats
 
     def _filter(self, table: Any) -> tuple[set[int], dict[str, float]]:
@@ -259,153 +231,20 @@ class StarPO(Algorithm):
     def _sync_weights(self) -> float:
         """Learner 0's policy weights -> every env runner's engine, stamped with the next version.
 
-        One ``ray.put`` for all runners (``_broadcast_policy``); every runner reports the version it
-        now holds, and a wrong one raises. A runner that dies during the sync is restarted by Ray
-        and gets the weights before it samples again (``_bring_runners_to_policy``).
+        One ``ray.put`` for all runners; every runner reports the version it now holds, and a wrong
+        one raises. A runner that dies during the sync is restarted by Ray and gets the weights
+        before it samples again (``RunnerPool.bring_to_policy``).
 
         Returns:
             seconds from the ``ray.put`` to the last runner's answer (the learner gather excluded).
         """
         self.policy_version += 1
-        return self._broadcast_policy(None)[1]
+        return self.runners.broadcast(self._learner_weights, self.policy_version)[1]
 
-    def _broadcast_policy(self, remote_worker_ids: list[int] | None) -> tuple[list[dict[str, Any]], float]:
-        """Load learner 0's policy weights, stamped ``policy_version``, into env runners.
-
-        Args:
-            remote_worker_ids: the remote runners to load (RLlib ids, equal to ``worker_index``);
-                None: every healthy remote runner, or the local runner when there are none.
-
-        Returns:
-            the runners' ``load_policy`` reports, and seconds from the ``ray.put`` to the last answer.
-
-        Raises:
-            RuntimeError: a runner reports a ``policy_version`` other than the algorithm's.
-        """
-        import ray
-
-        version = self.policy_version
+    def _learner_weights(self) -> dict[str, Any]:
         # The learner's weights are the current version's: they change only in _update, and
         # training_step syncs right after it (under ZeRO-3 every learner must join this call).
-        weights = _first(self.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))
-        t0 = time.perf_counter()
-        if self.env_runner_group.num_remote_env_runners() == 0:
-            reports = [self.env_runner.load_policy(weights, version)]
-        else:
-            ref = ray.put(weights)  # once through the object store, not once per runner
-            reports = self.env_runner_group.foreach_env_runner(
-                lambda r: r.load_policy(ref, version), remote_worker_ids=remote_worker_ids, local_env_runner=False)
-        seconds = time.perf_counter() - t0
-        wrong = {r["worker_index"]: r["policy_version"] for r in reports if r["policy_version"] != version}
-        if wrong:
-            raise RuntimeError(f"env runners {sorted(wrong)} report policy_version {wrong} after loading "
-                               f"policy_version {version}")
-        return reports, seconds
-
-    def _bring_runners_to_policy(self) -> None:
-        """Restore restarted env runners and load the current weights into any runner behind.
-
-        A runner restarted by Ray (RLlib creates them with ``max_restarts``) comes back from its
-        constructor: weights from disk, ``policy_version`` 0; so do all runners after a checkpoint
-        restore. One ``policy_info`` round trip per call finds them. ``probe_unhealthy_env_runners``
-        is a no-op unless a runner is marked unhealthy; it then pings it (a runner still restarting
-        answers "unavailable" at once and stays out of service until a later call).
-        """
-        g = self.env_runner_group
-        if g.num_remote_env_runners() == 0:
-            if self.env_runner.policy_version != self.policy_version:
-                self._broadcast_policy(None)
-            return
-        g.probe_unhealthy_env_runners()
-        infos = g.foreach_env_runner(lambda r: r.policy_info(), local_env_runner=False)
-        behind = [i["worker_index"] for i in infos if i["policy_version"] != self.policy_version]
-        if behind:
-            self._broadcast_policy(behind)
-
-    def _sample_chunks(self, chunks: list[list[tuple[int, int]]], kw: dict[str, Any]) -> tuple[list[dict], int]:
-        """Sample each chunk of groups on a remote runner; re-sample the chunks of runners that died.
-
-        A runner that dies in a call (``RayActorError``) is marked unhealthy by RLlib and its result
-        is dropped (with ``restart_failed_env_runners``, the default; without it, the error
-        propagates). Each missing chunk is sent again, whole, to the runners healthy now, after
-        ``_bring_runners_to_policy`` restored those already restarted and pushed them the current
-        weights; a runner still restarting rejoins at a later call. With no healthy runner left it
-        waits up to ``env_runner_health_probe_timeout_s`` for a restart. An exception raised by
-        ``sample`` itself comes back by value and is raised here: a bug is not retried.
-
-        Returns:
-            one ``LLMEnvRunner.sample`` output per chunk (chunk order), and the number of groups
-            that were sampled again.
-        """
-        import functools
-        import logging
-
-        g = self.env_runner_group
-        tolerance = self.config.num_consecutive_env_runner_failures_tolerance
-        done: dict[int, dict[str, Any]] = {}
-        failures = resampled = 0
-        while True:
-            pending = [c for c in range(len(chunks)) if c not in done]
-            ids = g.healthy_env_runner_ids()
-            if ids:
-                funcs = [functools.partial(StarPO._sample_chunk_on_runner, chunk=c, groups=chunks[c], sample_kwargs=kw)
-                         for c in pending]
-                results = g.foreach_env_runner(funcs, kwargs=[{} for _ in funcs], local_env_runner=False,
-                                               remote_worker_ids=[ids[k % len(ids)] for k in range(len(pending))])
-                for c, out, error in results:
-                    if error is not None:
-                        raise RuntimeError(f"env runner failed sampling groups {chunks[c]}:\n{error}")
-                    done[c] = out
-            missing = [c for c in pending if c not in done]
-            if not missing:
-                return [done[c] for c in range(len(chunks))], resampled
-            failures += 1
-            if failures > tolerance:
-                raise RuntimeError(f"env runners failed {failures} attempts at sampling groups "
-                                   f"{[gr for c in missing for gr in chunks[c]]} (healthy runners: {ids}); "
-                                   f"num_consecutive_env_runner_failures_tolerance={tolerance}")
-            if ids:  # these groups were sent and lost: they are sampled again, whole
-                resampled += sum(len(chunks[c]) for c in missing)
-                logging.getLogger(__name__).warning(
-                    "env runner lost during sampling (attempt %d): re-sampling groups %s", failures,
-                    [gr[0] for c in missing for gr in chunks[c]])
-            self._bring_runners_to_policy()
-            deadline = time.monotonic() + self.config.env_runner_health_probe_timeout_s
-            while not g.healthy_env_runner_ids() and time.monotonic() < deadline:
-                time.sleep(1.0)  # every runner is restarting: poll until one answers a ping
-                self._bring_runners_to_policy()
-
-    @staticmethod
-    def _sample_chunk_on_runner(runner: Any, *, chunk: int, groups: list[tuple[int, int]],
-                                sample_kwargs: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str | None]:
-        """Run inside a runner: ``(chunk, sample output, None)`` or ``(chunk, None, traceback)``.
-
-        The exception is returned, not raised: RLlib's ``apply`` would kill the runner for it and
-        the chunk would be retried, while a bug should fail once with its traceback.
-        """
-        import traceback
-
-        try:
-            return chunk, runner.sample(groups=groups, **sample_kwargs), None
-        except Exception:  # noqa: BLE001 -- returned to the driver, which raises it
-            return chunk, None, f"env runner {runner.worker_index}: {traceback.format_exc()}"
-
-    @staticmethod
-    def _check_merged_groups(rows: list[dict], groups: Sequence[tuple[int, int]], group_size: int) -> None:
-        """Every requested group exactly ``group_size`` times (sample_idx 0..N-1), its seed, nothing else."""
-        from collections import Counter
-
-        got = Counter((r[Col.GROUP_ID], r[Col.SAMPLE_IDX]) for r in rows)
-        want = {(gid, i) for gid, _ in groups for i in range(group_size)}
-        seeds = dict(groups)
-        dup = sorted(k for k, c in got.items() if c > 1)
-        missing, extra = sorted(want - set(got)), sorted(set(got) - want)
-        bad_seed = sorted({r[Col.GROUP_ID] for r in rows if seeds.get(r[Col.GROUP_ID], r[Col.INITIAL_SEED])
-                           != r[Col.INITIAL_SEED]})
-        if dup or missing or extra or bad_seed:
-            raise RuntimeError(f"merged rollout rows do not match the requested groups (group_size={group_size}): "
-                               f"duplicated (group_id, sample_idx) {dup[:8]}, missing {missing[:8]}, "
-                               f"unexpected {extra[:8]}, wrong initial seed in groups {bad_seed[:8]}")
+        return _first(self.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))
 
     # ------------------------------------------------------------- warm-up
     def warmup(self, steps: int, kind: str = "random-valid", groups: int = 4, group_size: int = 4,
@@ -507,7 +346,7 @@ class StarPO(Algorithm):
         if s.get("learner_backend"):
             states = s["learner_backend"]
             _all(self.learner_group.foreach_learner(lambda lrn: lrn.load_backend_state(states)))
-        self._broadcast_policy(None)
+        self.runners.broadcast(self._learner_weights, self.policy_version)
 
 
 class _timer:

@@ -71,10 +71,10 @@ def clean_run(tiny_model_dir, ray_local, tmp_path_factory) -> dict[str, Any]:
     algo = _build(tiny_model_dir, tmp_path, "clean")
     chunk_outputs: list[list[dict]] = []
     weight_puts: list[str] = []
-    sample_chunks, real_put = algo._sample_chunks, ray.put
+    sample_chunks, real_put = algo.runners.sample_chunks, ray.put
 
-    def recording_sample_chunks(chunks, kw):
-        outs, resampled = sample_chunks(chunks, kw)
+    def recording_sample_chunks(chunks, kw, *args):
+        outs, resampled = sample_chunks(chunks, kw, *args)
         chunk_outputs.append(outs)
         return outs, resampled
 
@@ -85,7 +85,7 @@ def clean_run(tiny_model_dir, ray_local, tmp_path_factory) -> dict[str, Any]:
         return ref
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(algo, "_sample_chunks", recording_sample_chunks)
+        mp.setattr(algo.runners, "sample_chunks", recording_sample_chunks)
         mp.setattr(ray, "put", counting_put)
         try:
             results = [algo.train() for _ in range(ITERATIONS)]
@@ -119,7 +119,7 @@ def test_two_runners_split_groups_and_share_one_weight_broadcast(clean_run) -> N
 
 def test_runner_killed_mid_rollout_is_restarted_and_its_groups_resampled_once(clean_run, tiny_model_dir, ray_local,
                                                                               tmp_path, monkeypatch) -> None:
-    from ragen_rllib.algorithms.starpo.algorithm import StarPO
+    from ragen_rllib.env_runners.runner_pool import sample_chunk_on_runner
 
     algo = _build(tiny_model_dir, tmp_path, "fault")
     group = algo.env_runner_group
@@ -132,7 +132,7 @@ def test_runner_killed_mid_rollout_is_restarted_and_its_groups_resampled_once(cl
         import os
         import signal
 
-        from ragen_rllib.algorithms.starpo.algorithm import StarPO
+        from ragen_rllib.env_runners.runner_pool import sample_chunk_on_runner
 
         engine = runner.engine
         generate = engine.generate
@@ -142,12 +142,12 @@ def test_runner_killed_mid_rollout_is_restarted_and_its_groups_resampled_once(cl
             os.kill(os.getpid(), signal.SIGKILL)
 
         engine.generate = generate_then_die
-        return StarPO._sample_chunk_on_runner(runner, **kw)
+        return sample_chunk_on_runner(runner, **kw)
 
     def foreach_with_one_crash(func, **kwargs):
         # In iteration 0, the first sample chunk sent to a runner kills that runner's process.
         is_sample = isinstance(func, list) and all(
-            isinstance(f, functools.partial) and f.func is StarPO._sample_chunk_on_runner for f in func)
+            isinstance(f, functools.partial) and f.func is sample_chunk_on_runner for f in func)
         if is_sample and algo.iteration == 0 and not killed:
             target = kwargs["remote_worker_ids"][0]
             killed.append({"worker": target, "groups": func[0].keywords["groups"],
@@ -156,15 +156,15 @@ def test_runner_killed_mid_rollout_is_restarted_and_its_groups_resampled_once(cl
         return foreach(func, **kwargs)
 
     chunk_outputs: list[list[dict]] = []
-    sample_chunks = algo._sample_chunks
+    sample_chunks = algo.runners.sample_chunks
 
-    def recording_sample_chunks(chunks, kw):
-        outs, resampled = sample_chunks(chunks, kw)
+    def recording_sample_chunks(chunks, kw, *args):
+        outs, resampled = sample_chunks(chunks, kw, *args)
         chunk_outputs.append(outs)
         return outs, resampled
 
     monkeypatch.setattr(group, "foreach_env_runner", foreach_with_one_crash)
-    monkeypatch.setattr(algo, "_sample_chunks", recording_sample_chunks)
+    monkeypatch.setattr(algo.runners, "sample_chunks", recording_sample_chunks)
     try:
         results = [algo.train()]  # iteration 0: a runner dies, its chunk is re-sampled on the other
         restored = _wait_until_restarted(group)  # Ray restarts the actor (a new process, ~10-30 s here)
