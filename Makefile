@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
+.PHONY: reproduce-baselines setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,11 @@ rollout: model
 
 prompts: model
 	@$(PY) -m ragen_rllib.cli prompt all --model $(MODEL) --both-formats
+
+# Baselines on 128 fixed validation states per env (random valid actions, the untrained model,
+# the expert) for FrozenLake and Sokoban: docs/results.md. ~5 min on the 2-core CPU box.
+reproduce-baselines: model
+	@$(PY) scripts/baselines.py
 
 bench-rollout: model
 	@$(PY) benchmarks/rollout.py

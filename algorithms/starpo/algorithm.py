@@ -122,12 +122,15 @@ class StarPO(Algorithm):
             kept, filter_metrics = self._filter(table)
             self.store.write(it, with_kept(table, kept), overwrite=True)
             train = take_groups(table, kept)
-        with _timer(timers, "advantages"):
-            batch, adv_metrics = self._advantages(train)
-        with _timer(timers, "update"):
-            learner_results = self._update(batch)
-        with _timer(timers, "sync"):
-            self._sync_weights()
+        adv_metrics, learner_results = {"filter/empty": float(not kept)}, {}
+        if kept:  # RAGEN-2's linear top-p can keep no group: then no update, no new policy version
+            with _timer(timers, "advantages"):
+                batch, more = self._advantages(train)
+                adv_metrics.update(more)
+            with _timer(timers, "update"):
+                learner_results = self._update(batch)
+            with _timer(timers, "sync"):
+                self._sync_weights()
         self._log({**_rollout_metrics(table, rollout_stats), **filter_metrics, **adv_metrics,
                    **learner_results, **{f"time/{k}": v for k, v in timers.items()},
                    "policy_version": float(self.policy_version)})
@@ -159,7 +162,9 @@ class StarPO(Algorithm):
         returns = torch.tensor(table[Col.EPISODE_RETURN].to_numpy(), dtype=torch.float32)  # raw env returns
         gids = torch.tensor(table[Col.GROUP_ID].to_numpy(), dtype=torch.int64)
         stds, unique = S.group_reward_std(returns, gids)
-        kept_idx, metrics = S.select_groups(stds, p.rollout_filter_ratio, p.rollout_filter_type)
+        kept_idx, metrics = S.select_groups(stds, p.rollout_filter_ratio, p.rollout_filter_type,
+                                            include_zero=p.rollout_filter_include_zero,
+                                            eps=p.rollout_filter_selection_eps)
         return set(unique[kept_idx].tolist()), metrics
 
     def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:

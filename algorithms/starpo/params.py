@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 ADV_ESTIMATORS = ("gae", "grpo")
-FILTER_TYPES = ("std", "std_rev", "all")
+FILTER_TYPES = ("std", "std_rev", "all", "top_p_softmax", "top_p_linear")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_MODES = ("off", "loss", "reward")
 KL_TYPES = ("k1", "k3", "low_var_kl")
@@ -58,7 +58,9 @@ class StarPOParams:
     val_before_train: bool = True
     # --- StarPO-S filter (paper §4.2)
     rollout_filter_ratio: float = 0.25
-    rollout_filter_type: str = "std"
+    rollout_filter_type: str = "std"  # std / std_rev / all: top K = max(1, ratio * G); top_p_*: RAGEN-2
+    rollout_filter_include_zero: bool = True  # top_p_*: zero-std groups are candidates (RAGEN-2 default)
+    rollout_filter_selection_eps: float = 0.01  # top_p_linear: slack on the std mass to cover
     # --- advantages
     adv_estimator: str = "gae"  # "gae" (PPO, critic) or "grpo" (critic-free)
     gamma: float = 1.0

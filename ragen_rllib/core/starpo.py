@@ -93,7 +93,9 @@ class Metric:
 #: Loss aggregation modes accepted by ``aggregate_loss`` (and every loss that takes one).
 AGG_MODES: Final = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: StarPO-S filter modes accepted by ``select_groups``.
-FILTER_MODES: Final = ("std", "std_rev", "all")
+FILTER_MODES: Final = ("std", "std_rev", "all", "top_p_softmax", "top_p_linear")
+#: RAGEN-2's top-p filters: keep groups until their share of the std "mass" reaches p.
+TOP_P_MODES: Final = ("top_p_softmax", "top_p_linear")
 #: Normalisation scopes accepted by ``grpo_advantages``.
 GRPO_SCOPES: Final = ("group", "batch")
 #: KL estimators accepted by ``kl_penalty``.
@@ -381,12 +383,65 @@ def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
     return min(num_groups, max(1, math.floor(keep_ratio * num_groups + _FLOOR_TOL)))
 
 
-def select_groups(stds: Tensor, keep_ratio: float, mode: str = "std") -> tuple[Tensor, dict[str, float]]:
+def top_p_groups(stds: Tensor, p: float, mode: str, include_zero: bool = True, eps: float = 0.01) -> Tensor:
+    """RAGEN-2's top-p reward-std filter (``rollout_filter_strategy: top_p``, ``filter_type: largest``).
+
+    Candidates C: every group, or (``include_zero=False``) those with std > 1e-10. With p >= 1,
+    all of C. Otherwise, in descending std order (stable: ties go to the lower index):
+
+    - ``"top_p_softmax"``: q = softmax(std) over C (raw std as logits); keep the fewest leading
+      groups whose q sums to >= p (at least one when C is not empty).
+    - ``"top_p_linear"``: threshold T = p * sum_C(std) - ``eps``; add groups while the running
+      sum is < T and the next std is > 0; keep them if the sum reached T, else keep none
+      (zero-std groups are never kept; p * sum <= eps keeps nothing).
+
+    Worked example (RAGEN-2, Sokoban-like): std = [4, 0, 1, .5, 0, 0, .2, 3], p = 0.9: softmax
+    keeps {0, 7, 2} (q0 = .6557, + q7 = .8969, + q2 = .9295), without the zero groups {0, 7};
+    linear: T = 7.82, 4 -> 7 -> 8 >= T keeps {0, 7, 2}.
+
+    Args:
+        stds: (G,) float, per-group return std (``group_reward_std``).
+        p: the mass to cover, in (0, 1]. mode: ``TOP_P_MODES``.
+        include_zero: keep zero-std groups among the candidates. eps: linear mode's slack.
+
+    Returns:
+        (K,) int64 kept indices, ascending; K may be 0 (linear mode, or no candidate).
+    """
+    if mode not in TOP_P_MODES:
+        raise ValueError(f"unknown top-p mode {mode!r}; valid: {list(TOP_P_MODES)}")
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top-p value must be in (0, 1], got {p!r}")
+    s = stds.detach().double()
+    cand = torch.arange(s.numel(), device=stds.device) if include_zero else (s.abs() > 1e-10).nonzero().squeeze(-1)
+    if cand.numel() == 0:
+        return cand.long()
+    order = cand[torch.sort(s[cand], descending=True, stable=True).indices]
+    if p >= 1.0:
+        return order.sort().values.long()
+    if mode == "top_p_softmax":
+        cum = torch.cumsum(torch.softmax(s[order], dim=0), dim=0)
+        k = min(int((cum < p - 1e-12).sum()) + 1, order.numel())
+        return order[:k].sort().values.long()
+    threshold, total, kept = p * float(s[cand].sum()) - eps, 0.0, []
+    for g in order.tolist():
+        if total >= threshold or float(s[g]) <= 0.0:
+            break
+        total += float(s[g])
+        kept.append(g)
+    if total < threshold:
+        kept = []
+    return torch.as_tensor(sorted(kept), dtype=torch.long, device=stds.device)
+
+
+def select_groups(stds: Tensor, keep_ratio: float, mode: str = "std", include_zero: bool = True,
+                  eps: float = 0.01) -> tuple[Tensor, dict[str, float]]:
     """Pick the groups the StarPO-S variance filter keeps.
 
     - ``"std"``: the K groups with the highest return std (StarPO-S default).
     - ``"std_rev"``: the K groups with the lowest std (RAGEN's ablation).
     - ``"all"``: keep every group (vanilla StarPO; ``keep_ratio`` is only validated).
+    - ``"top_p_softmax"`` / ``"top_p_linear"``: RAGEN-2's top-p of the std mass with
+      p = ``keep_ratio`` (``top_p_groups``, with ``include_zero`` and ``eps``); may keep 0 groups.
 
     K = ``num_kept_groups(G, keep_ratio)`` = max(1, ⌊keep_ratio · G⌋). Ties are broken
     deterministically: a stable sort, so among equal stds the group earlier in ``stds`` (the
@@ -416,7 +471,9 @@ def select_groups(stds: Tensor, keep_ratio: float, mode: str = "std") -> tuple[T
         raise ValueError("stds contains NaN")
     g = stds.numel()
     k = num_kept_groups(g, keep_ratio)
-    if mode == "all":
+    if mode in TOP_P_MODES:
+        kept = top_p_groups(stds, keep_ratio, mode, include_zero=include_zero, eps=eps)
+    elif mode == "all":
         kept = torch.arange(g, dtype=torch.long, device=stds.device)
     else:
         order = torch.sort(stds, descending=(mode == "std"), stable=True).indices

@@ -710,3 +710,43 @@ def test_plan_mini_batches_covers_each_row_once_without_wraparound():
     assert plan_mini_batches(34, 32, min_rows=2) == [range(0, 32), range(32, 34)]
     with pytest.raises(ValueError, match="mini_batch_size"):
         plan_mini_batches(4, 0)
+
+
+# RAGEN-2's top-p reward-std filter: the worked examples of its specification (hand-computed there).
+def _top_p(stds, p=0.9, mode="top_p_softmax", include_zero=True):
+    return S.top_p_groups(torch.tensor(stds, dtype=torch.float64), p, mode, include_zero=include_zero).tolist()
+
+
+def test_top_p_example_1_small_binary_like_stds():
+    s = [0.5, 0.0, 0.3, 0.1]  # q = [.3230, .1959, .2645, .2165]; cumulative in order 0,2,3,1: .3230 .5875 .8041 1
+    assert _top_p(s) == [0, 1, 2, 3]
+    assert _top_p(s, include_zero=False) == [0, 2, 3]  # q over {0,2,3}: .4018 .7307 1.0
+    assert _top_p(s, 0.95, "top_p_linear") == [0, 2, 3]  # T = .845: .5 -> .8 -> .9
+    assert _top_p(s, 0.85, "top_p_linear") == [0, 2]  # T = .755: .5 -> .8
+
+
+def test_top_p_example_2_sokoban_like_stds():
+    s = [4.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.2, 3.0]
+    assert _top_p(s) == [0, 2, 7]  # q0 .6557, + q7 .8969, + q2 .9295
+    assert _top_p(s, include_zero=False) == [0, 7]  # q0 .6802 + q7 .2502 = .9304
+    assert _top_p(s, mode="top_p_linear") == [0, 2, 7]  # T = 7.82: 4 -> 7 -> 8
+
+
+def test_top_p_example_3_binary_reward_groups_of_16():
+    s = [0.5164, 0.5164, 0.25, 0, 0, 0, 0, 0]
+    assert _top_p(s) == list(range(8))  # cumulative after 7 groups .8962 < .9
+    assert _top_p(s, mode="top_p_linear") == [0, 1, 2]  # T = 1.1445
+    assert _top_p(s, include_zero=False) == [0, 1, 2]
+
+
+def test_top_p_edges():
+    assert _top_p([0.0] * 8) == list(range(8))  # softmax: .875 after 7 < .9
+    assert _top_p([0.0] * 8, mode="top_p_linear") == []  # nothing to cover: the update is skipped
+    assert _top_p([0.0] * 8, include_zero=False) == []
+    assert _top_p([0.004, 0.003, 0.001, 0.0], mode="top_p_linear") == []  # T = .0072 - .01 < 0
+    assert _top_p([0.3]) == [0] and _top_p([0.3], mode="top_p_linear") == [0]
+    assert _top_p([0.0]) == [0] and _top_p([0.0], mode="top_p_linear") == []
+    assert _top_p([1.0, 1.0, 1.0], 0.6) == [0, 1]  # ties: q = 1/3 each, the lower indices first
+    assert _top_p([0.5, 0.0, 0.3], 1.0, include_zero=False) == [0, 2]  # p = 1: drop exactly the zero groups
+    kept, m = S.select_groups(torch.tensor([4.0, 0.0, 1.0, 0.5]), 0.9, "top_p_linear")
+    assert kept.tolist() == [0, 2] and m["filter/kept_groups"] == 2.0  # T = 4.94: 4 -> 5
