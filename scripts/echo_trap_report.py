@@ -1,0 +1,32 @@
+"""Per trial of a sweep (``runs/tune/<sweep name>``): the iteration each Echo-Trap signal first
+fired, the iteration training success first fell below half its start, and the curves (success,
+in-group reward std, entropy, grad norm, validation, well-formed rate), one value per iteration.
+
+    .venv/bin/python scripts/echo_trap_report.py runs/tune/<sweep name>
+"""
+
+import glob
+import json
+import sys
+
+root = sys.argv[1]
+for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
+    with open(f"{d}/result.json") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    name = d.split("_", 3)[-1].split("_2026")[0]
+    succ = [r.get("rollout/success") for r in rows]
+    first = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("echo/") and v and k not in first:
+                first[k] = r["training_iteration"]
+    fall = next((r["training_iteration"] for r in rows if r.get("rollout/success", 1) < 0.5 * (succ[0] or 1)), None)
+
+    def fmt(key, rows=rows):
+        return " ".join(f"{r.get(key, float('nan')):.2f}" for r in rows)
+
+    final_val = rows[-1].get("val/bandit/success")
+    print(f"== {name}: success halves at it. {fall}; first fired: {first}; final val {final_val}")
+    for key in ("rollout/success", "filter/std_all_mean", "actor/entropy", "actor/grad_norm", "val/bandit/success",
+                "rollout/well_formed_rate"):
+        print(f"   {key:<26} {fmt(key)}")
