@@ -165,10 +165,10 @@ def _absolute_path_overrides(config: Path, profile: str | None, overrides: Seque
     Raises:
         ValueError: the config cannot be read (bad YAML, unknown profile, bad override).
     """
-    from ragen_rllib.algorithms.starpo.train import load_experiment
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
 
-    try:
-        cfg = load_experiment(config, profile=profile, overrides=overrides)
+    try:  # the same loader and checks as `train`: a bad key or value fails here, not on the cluster
+        cfg = dict(Experiment.load(config, profile=profile, sets=overrides).config)
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
     extra = []
