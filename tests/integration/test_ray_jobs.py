@@ -188,12 +188,19 @@ def test_submit_training_job_succeeds_and_links_mlflow_run(ray_head, tiny_model_
 def test_bad_config_job_fails_with_a_clear_message(ray_head, tmp_path) -> None:
     wd = tmp_path / "wd"
     wd.mkdir()
+    # A bad value is refused before anything is sent: one line naming the field and value.
     (wd / "bad.yaml").write_text(yaml.safe_dump({"preset": "starpo_s", "starpo": {"rollout_filter_ratio": 1.5}}))
     p = _cli(ray_head, "submit", "--address", ray_head.address, "--config", "bad.yaml", "--working-dir", str(wd))
+    assert p.returncode != 0 and "submitted" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert re.search(r"error: .*rollout_filter_ratio.*1\.5", p.stderr), p.stderr
+    # What only the cluster can find (here: a model folder it does not have) fails the job, with the
+    # driver's one-line error in the summary and in `job status`.
+    (wd / "nomodel.yaml").write_text(yaml.safe_dump({"preset": "starpo_s", "starpo": {"model": "/no/such/model"}}))
+    p = _cli(ray_head, "submit", "--address", ray_head.address, "--config", "nomodel.yaml", "--working-dir", str(wd))
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     sid = _submitted_id(p.stdout)
     assert f"job {sid} FAILED" in p.stderr
-    assert re.search(r"error: .*rollout_filter_ratio.*1\.5", p.stderr), p.stderr  # field and value, in the summary
+    assert re.search(r"error: starpo.model: .*/no/such/model", p.stderr), p.stderr
     st = _cli(ray_head, "job", "status", sid, "--address", ray_head.address)
     assert f"{sid}: FAILED" in st.stdout and "exit code 1" in st.stdout
 

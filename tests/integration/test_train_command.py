@@ -51,7 +51,7 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
 
     buf = io.StringIO()
     assert main(["eval", "--checkpoint", str(run)], out=buf) == 0
-    line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit:"))
+    line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit [model]:"))
     assert f"success {final['val/bandit/success']:.3f}" in line  # the HF engine's per-prompt seeds reproduce it
     proto = json.loads((run / "hf_model" / "ragen_eval_protocol.json").read_text())
     assert proto["val_temperature"] == 1.0 and proto["val_groups"] == 8
