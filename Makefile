@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,14 @@ RUN_SET ?=
 run: model
 	@$(PY) -m ragen_rllib.cli train --config $(RUN_CONFIG) --profile $(RUN_PROFILE) $(RUN_SET)
 
+# Browse the default MLflow store (runs/mlflow.db). MLflow's UI has no authentication, so it binds
+# 127.0.0.1 only; MLFLOW_HOST=0.0.0.0 exposes it to the network (a decision, not a default).
+MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_PORT ?= 5000
+.PHONY: mlflow-ui
+mlflow-ui: setup
+	@$(PY) -m mlflow ui --backend-store-uri sqlite:///runs/mlflow.db --host $(MLFLOW_HOST) --port $(MLFLOW_PORT)
+
 # The rollout-only job (no training): every env, summary table, Parquet under runs/.
 ENGINE ?= vllm
 ROLLOUT_ARGS ?= --groups 2 --group-size 4 --max-new-tokens 96
@@ -35,6 +43,26 @@ prompts: model
 # the expert) for FrozenLake and Sokoban: docs/results.md. ~5 min on the 2-core CPU box.
 reproduce-baselines: model
 	@$(PY) scripts/baselines.py
+
+# The other results of docs/results.md, one target each. tests/integration/test_reproduce_targets.py
+# runs every reproduce-* target's ragen-rllib command for one iteration on a tiny model, so none rots.
+reproduce-bandit: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/bandit_starpo_s.yaml --profile cpu --run-name repro-bandit
+
+# FrozenLake (not slippery), StarPO-S, 40 iterations, validation on 128 fixed states (~9 min).
+reproduce-frozen-lake: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 \
+		--set iterations=40 --set starpo.test_freq=20 --set checkpoint_freq=20
+
+# The Echo Trap on the Bandit: vanilla StarPO vs StarPO-S, 3 seeds each (~21 min).
+reproduce-echo-trap: model
+	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit.yaml
+
+# Filter-ratio ablation on the Bandit: keep 25 / 50 / 100 % of groups, 3 seeds each.
+reproduce-filter-ratio: model
+	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/filter_ratio_bandit.yaml
 
 bench-rollout: model
 	@$(PY) benchmarks/rollout.py

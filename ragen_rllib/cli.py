@@ -1,6 +1,7 @@
 """The ``ragen-rllib`` command line.
 
-Subcommands: ``envs``, ``play``, ``prompt``, ``models list|prepare``, ``rollout``, ``trajectories show``.
+Subcommands: ``envs``, ``play``, ``prompt``, ``models list|prepare``, ``rollout``, ``trajectories show``,
+``report``, ``doctor``.
 Heavy libraries (transformers) are imported only by the subcommands that need them.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, NoReturn, Sequence, TextIO
 
+from ragen_rllib.console import NORMAL, QUIET, VERBOSE, Console, logging_restored
 from ragen_rllib.envs import list_envs, make_env
 from ragen_rllib.envs.registry import env_class
+from ragen_rllib.errors import ConfigError
 from ragen_rllib.prompting import PromptConfig, Turn, build_messages, execute_reply
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -158,13 +161,14 @@ def cmd_rollout(args: argparse.Namespace, out: TextIO) -> int:
             make_env(name, variant=variant or None, **_parse_overrides(args.set or []))
         except (KeyError, TypeError, ValueError) as err:
             raise SystemExit(f"error: {err.args[0] if err.args else err}") from None
+    _require_model(args.model, key="--model")
     job = RolloutJob(envs=envs, model=args.model, engine=args.engine, groups=args.groups, group_size=args.group_size,
                      max_turns=args.max_turns, iterations=args.iterations, out=args.out, run_id=args.run_id,
                      seed=args.seed, enable_think=not args.no_think, temperature=args.temperature,
                      max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens,
                      env_config=_parse_overrides(args.set or []))
     try:
-        run_dir, results = run_job(job, log=lambda m: print(m, file=sys.stderr, flush=True))
+        run_dir, results = run_job(job, log=Console(sys.stderr, verbosity=args.verbosity).install())
     except (FileNotFoundError, ImportError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     fmt = "no-think" if args.no_think else "think"
@@ -173,6 +177,29 @@ def cmd_rollout(args: argparse.Namespace, out: TextIO) -> int:
     print(summary_table([(r.env, r.summary) for r in results]), file=out)
     print(f"trajectories: {run_dir}  (show with: ragen-rllib trajectories show {run_dir})", file=out)
     return 0
+
+
+def _require_run(run: Path, root: str) -> None:
+    """Exit with one line unless ``run`` is a folder, or a run id stored under ``root``."""
+    import difflib
+
+    from ragen_rllib.trajectory import list_runs
+
+    if run.is_dir():
+        return
+    if run.is_file():
+        folder = run.parent.parent if run.parent.name == "trajectories" else None
+        raise SystemExit(f"error: {str(run)!r} is a file; give the run folder that holds trajectories/"
+                         + (f" ({folder})" if folder else "") + ", or a run id under --root")
+    runs = list_runs(root)
+    if run.name != str(run) or not runs:  # a path (not a bare id), or an empty store
+        raise SystemExit(f"error: no run folder {str(run)!r}"
+                         + ("" if run.name != str(run) else f" and no runs under --root {root!r}")
+                         + "; give the folder `rollout`/`train` wrote, e.g. runs/<run>")
+    if str(run) not in runs:
+        close = difflib.get_close_matches(str(run), runs, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; runs there: {runs[:10]}"
+        raise SystemExit(f"error: no run {str(run)!r} under --root {root!r}{hint}")
 
 
 def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
@@ -185,6 +212,7 @@ def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
     from ragen_rllib.trajectory.summary import render_episode, summarize, summary_table
 
     run = Path(args.run)
+    _require_run(run, args.root)
     try:
         table = read_run(run) if run.is_dir() else read_run(args.root, run_id=args.run)
     except (FileNotFoundError, ValueError) as e:
@@ -212,17 +240,74 @@ def cmd_trajectories(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _require_model(model: str) -> None:
-    """Exit with one line (and the fix) when the experiment's model is not a local folder: before
-    Ray or any engine starts, not after them."""
+def cmd_doctor(args: argparse.Namespace, out: TextIO) -> int:
+    """One line per check (``ok  <check>: ...`` / ``FAIL <check>: what to do``); 0 iff all are ok."""
+    from ragen_rllib.launch.doctor import DoctorOptions, run_checks
+
+    opts = DoctorOptions(quick=args.quick, cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                         run_dir=Path(args.run_dir), tracking_uri=args.tracking_uri)
+    failed = 0
+    for result in run_checks(opts):
+        print(result.line(), file=out, flush=True)
+        failed += not result.ok
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    """(Re)build ``<run>/report.html`` from the run folder and print its path (``--open``: also a browser)."""
+    from ragen_rllib.tracking.report import write_report
+
+    run = Path(args.run) if Path(args.run).is_dir() else Path(args.root) / args.run
+    if not run.is_dir():
+        raise SystemExit(f"error: no run folder {args.run!r} (looked in {run}); give a run folder, or a run name "
+                         f"under --root ({args.root})")
+    try:
+        path = write_report(run, max_iterations=args.max_iterations,
+                            max_episodes_per_iteration=args.max_episodes)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot build the report of {run}: {e}") from None
+    print(path.resolve(), file=out)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+    return 0
+
+
+def _require_model(model: str, key: str = "starpo.model") -> None:
+    """Exit with one line (and the fix) when a model (the experiment's ``key``, or a ``--model``
+    flag) is not a local folder or a prepared name: before Ray or any engine starts, not after them."""
     from ragen_rllib.models import resolve_model
 
     try:
         resolve_model(model)
     except FileNotFoundError as e:
-        first = str(e).splitlines()[0]
-        raise SystemExit(f"error: starpo.model: {first} Point it at a local Hugging Face folder with "
-                         "--set starpo.model=/path/to/model, or use --profile cpu (the embedded SmolLM2).") from None
+        first = " ".join(str(e).split())
+        fix = ("Point it at a local Hugging Face folder with --set starpo.model=/path/to/model, or use --profile cpu "
+               "(the embedded SmolLM2)." if key == "starpo.model" else
+               f"Give {key} a local Hugging Face folder or a prepared name (see `ragen-rllib models list`).")
+        raise SystemExit(f"error: {key}: {first} {fix}") from None
+
+
+def _require_experiment_files(exp: Any) -> None:
+    """Exit with one line when a file the experiment names is missing (its DeepSpeed JSON), before Ray starts."""
+    path = exp.starpo.deepspeed_config
+    if path and not Path(path).is_file():
+        raise SystemExit(f"error: starpo.deepspeed_config: {path!r} does not exist; give the path of a DeepSpeed "
+                         "JSON file, or leave it null (the ZeRO settings come from the starpo fields)")
+
+
+def _require_tracking_uri(uri: str | None, open_store: bool = False) -> None:
+    """Exit with one line when MLflow has no store for ``uri`` (``bogus://``), before anything starts;
+    ``open_store``: also when MLflow refuses to open it (readers of an existing store)."""
+    if not uri:
+        return
+    from ragen_rllib.tracking.mlflow_logger import check_tracking_uri
+
+    try:
+        check_tracking_uri(uri, open_store=open_store)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
@@ -243,10 +328,33 @@ def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
     _require_model(exp.starpo.model)
-    res = train(exp, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True),
-                resume=bool(args.resume))
+    _require_experiment_files(exp)
+    _require_tracking_uri(args.tracking_uri or exp.tracking.tracking_uri)
+    from ragen_rllib.durable import CorruptFileError, DiskFullError
+
+    try:
+        res = train(exp, tracking_uri=args.tracking_uri, log=Console(out, verbosity=args.verbosity),
+                    resume=bool(args.resume))
+    except (DiskFullError, CorruptFileError) as e:  # an MLflow run it opened is closed as FAILED
+        raise SystemExit(f"error: {e}") from None
     print(f"checkpoint: {res['checkpoint']}\nhf model: {res['hf_model']}\nmlflow run: {res['mlflow_run_id']}", file=out)
-    return 0
+    # Stopped by SIGINT/SIGTERM (checkpoint saved, MLflow run KILLED): the shell's 128 + signal number.
+    return 128 + res["stop_signal"] if res.get("stop_signal") else 0
+
+
+def _registry_model_dir(model_uri: str, tracking_uri: str | None) -> str:
+    """The local folder of a registered model version (``models:/<name>/<version|latest>``,
+    ``models:/<name>@<alias>``): used in place when local, else downloaded once into the cache."""
+    from ragen_rllib.models import default_cache_dir
+    from ragen_rllib.tracking.mlflow_logger import default_tracking_uri, resolve_model_uri
+
+    uri = tracking_uri or default_tracking_uri("runs")  # as `train`: sqlite in the default run folder
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise SystemExit(f"error: no MLflow store at {uri} to resolve {model_uri} (pass --tracking-uri)")
+    try:
+        return str(resolve_model_uri(model_uri, uri, default_cache_dir() / "registry"))
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
@@ -255,10 +363,14 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     import json
 
     if not args.checkpoint and not args.config:
-        raise SystemExit("error: give --checkpoint RUN_OR_MODEL_DIR, or --config EXPERIMENT (its model, untrained, "
-                         "and its validation protocol)")
+        raise SystemExit("error: give --checkpoint RUN_OR_MODEL_DIR (or --model models:/<name>/<version>), or "
+                         "--config EXPERIMENT (its model, untrained, and its validation protocol)")
+    registered, model = None, args.checkpoint
+    if model and model.startswith("models:/"):
+        registered, model = model, _registry_model_dir(model, args.tracking_uri)
+        print(f"{registered}: {model}", file=out, flush=True)
     try:
-        protocol, model = None, args.checkpoint
+        protocol = None
         if args.config:  # the experiment's validation protocol; --set takes its keys (starpo.val_groups=128)
             from ragen_rllib.algorithms.starpo.experiment import Experiment
             from ragen_rllib.algorithms.starpo.train import eval_protocol
@@ -271,16 +383,73 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
                 model = str(resolve_model(params.model))
         else:
             overrides = _parse_overrides(args.set or [])
-        res = evaluate(model, envs=[e for s in (args.env or []) for e in s.split(",") if e] or None,
-                       engine=args.engine, overrides=overrides, log=lambda m: print(m, file=out, flush=True),
+            _check_protocol_sets(overrides)
+        if not registered:
+            _require_checkpoint(model)
+        envs = [e for s in (args.env or []) for e in s.split(",") if e]
+        _require_envs(envs, "--env")
+        res = evaluate(model, envs=envs or None,
+                       engine=args.engine, overrides=overrides,
+                       log=Console(out, verbosity=args.verbosity).install().summary,  # each line is a result
                        policy=args.policy, protocol=protocol)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"policy": args.policy, "model": model, "config": args.config,
-                                               "profile": args.profile, "set": args.set or [], **res}, indent=2))
+                                               "profile": args.profile, "set": args.set or [],
+                                               **({"registered_model": registered} if registered else {}), **res},
+                                              indent=2))
     return 0
+
+
+def _require_checkpoint(model: str) -> None:
+    """Exit with one line unless ``model`` is a run folder, a model folder or a prepared model name."""
+    path = Path(model)
+    if (path / "hf_model").is_dir():
+        path = path / "hf_model"
+    if (path / "config.json").is_file():
+        return
+    from ragen_rllib.models import resolve_model
+
+    try:
+        resolve_model(model)
+    except FileNotFoundError:
+        raise SystemExit(f"error: --checkpoint {model!r} is not a run folder (with hf_model/), a Hugging Face model "
+                         "folder (with config.json) or a prepared model name; give the run folder `train` wrote "
+                         "(runs/<run>), or --config EXPERIMENT for its untrained model") from None
+
+
+def _require_envs(specs: Sequence[str], flag: str) -> None:
+    """Exit with one line when an ``env[:variant]`` of ``flag`` is not registered (before any engine starts)."""
+    from ragen_rllib.envs.registry import make_env_config
+
+    for spec in specs:
+        try:
+            make_env_config(spec)
+        except (KeyError, ImportError) as e:
+            raise SystemExit(f"error: {flag} {spec!r}: {e.args[0] if e.args else e} (see `ragen-rllib envs`)") from None
+
+
+def _check_protocol_sets(overrides: dict[str, Any]) -> None:
+    """Exit with one line when an ``eval --set`` key is not a validation-protocol key, or its value has the
+    wrong type (the protocol's keys are ``StarPOParams`` fields: the same types apply)."""
+    import dataclasses
+    import difflib
+
+    from ragen_rllib.algorithms.starpo.params import FIELD_TYPES, StarPOParams
+    from ragen_rllib.algorithms.starpo.train import eval_protocol
+
+    known = sorted(eval_protocol(StarPOParams()))
+    types = {f.name: str(f.type) for f in dataclasses.fields(StarPOParams)}
+    for key, value in overrides.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"keys: {known}"
+            raise SystemExit(f"error: --set {key}: not a validation-protocol key; {hint}")
+        check, what = FIELD_TYPES[types[key]]
+        if not check(tuple(value) if isinstance(value, list) else value):
+            raise SystemExit(f"error: --set {key} must be {what}, got {value!r}")
 
 
 # --- Ray Jobs: `submit` and `job status|logs|stop|list` (ragen_rllib/launch/jobs.py) ---
@@ -293,6 +462,12 @@ def _job_address(args: argparse.Namespace) -> str:
     addr = args.address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
     if not addr:
         raise SystemExit("error: --address is required (the Ray dashboard URL, e.g. http://127.0.0.1:8265)")
+    from ragen_rllib.launch.jobs import check_address
+
+    try:
+        check_address(addr)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     return addr
 
 
@@ -317,6 +492,15 @@ def _follow_job(addr: str, job_id: str, out: TextIO) -> int:
 def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     from ragen_rllib.launch.jobs import DEFAULT_EXCLUDES, JobsError, submit_training
 
+    if args.list_upload:  # what the cluster would receive (Ray's own packing); nothing is submitted
+        from ragen_rllib.launch.jobs import upload_manifest
+
+        try:
+            names = upload_manifest(args.working_dir, tuple(DEFAULT_EXCLUDES) + tuple(args.exclude or ()))
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        print("\n".join(names), file=out)
+        return 0
     addr = _job_address(args)
     env_vars = {}
     for item in args.env_var or []:
@@ -373,47 +557,107 @@ def cmd_job(args: argparse.Namespace, out: TextIO) -> int:
 
 # --- Tune sweeps and run comparison: `sweep`, `compare` (algorithms/starpo/sweep.py, tracking/compare.py) ---
 def cmd_sweep(args: argparse.Namespace, out: TextIO) -> int:
-    from ragen_rllib.algorithms.starpo.sweep import load_sweep, run_sweep
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+    from ragen_rllib.algorithms.starpo.sweep_spec import load_sweep  # Ray-free: a bad file fails before Ray loads
 
     try:
         spec = load_sweep(args.config, overrides=args.set or [])
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
-    res = run_sweep(spec, tracking_uri=args.tracking_uri, log=lambda m: print(m, file=out, flush=True))
+    base = Experiment.from_dict(spec.experiment)  # checked by load_sweep: cannot fail here
+    _require_model(base.starpo.model)
+    _require_experiment_files(base)
+    _require_tracking_uri(args.tracking_uri or base.tracking.tracking_uri)
+    from ragen_rllib.algorithms.starpo.sweep import run_sweep
+
+    res = run_sweep(spec, tracking_uri=args.tracking_uri, log=Console(out, verbosity=args.verbosity).install())
     return 1 if res["errors"] else 0
 
 
 def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     from pathlib import Path
 
-    from ragen_rllib.tracking.compare import common_parent, compare_runs, format_table, log_comparison, plot_comparison
+    from ragen_rllib.tracking.compare import (
+        COMPARE_EXPERIMENT,
+        common_parent,
+        compare_runs,
+        comparison_name,
+        format_table,
+        log_comparison,
+        parse_tags,
+        plot_comparison,
+    )
     from ragen_rllib.tracking.mlflow_logger import default_tracking_uri
 
+    if not args.experiment and not args.tag:
+        raise SystemExit("error: give an EXPERIMENT, or --tag KEY=VALUE to pick runs across experiments")
     uri = args.tracking_uri or default_tracking_uri("runs")  # as `train`: sqlite in the default run folder
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise SystemExit(f"error: no MLflow store at {uri} (pass --tracking-uri)")
+    _require_tracking_uri(uri, open_store=True)
     try:
-        rows = compare_runs(uri, args.experiment, args.metric, parent_run_id=args.parent, mode=args.mode)
+        tags = parse_tags(args.tag or [])
+        rows = compare_runs(uri, args.experiment, args.metric, parent_run_id=args.parent, mode=args.mode, tags=tags)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    what = " ".join([f"experiment {args.experiment!r}" if args.experiment else "any experiment",
+                     *(f"tag {k}={v!r}" for k, v in tags.items())])
+    if not rows and args.experiment:
+        import difflib
+
+        from ragen_rllib.tracking.mlflow_logger import experiment_names
+
+        names = experiment_names(uri)
+        if args.experiment not in names:
+            close = difflib.get_close_matches(args.experiment, names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"experiments there: {names[:20]}"
+            raise SystemExit(f"error: no MLflow experiment {args.experiment!r} at {uri}; {hint}")
     if not rows:
-        raise SystemExit(f"error: no runs to compare in experiment {args.experiment!r} at {uri}")
+        raise SystemExit(f"error: no runs to compare ({what}) at {uri}")
     table = format_table(rows, args.metric, args.mode)
     print(table, file=out)
     parent = args.parent or common_parent(rows)
-    png_path = Path(args.out or Path("runs") / "compare" / f"{args.experiment}{'_' + parent[:8] if parent else ''}.png")
-    png = plot_comparison(rows, args.metric, png_path, title=f"{args.experiment}: {args.metric}")
-    run_id = log_comparison(uri, args.experiment, rows, args.metric, png, table, parent_run_id=parent,
-                            local_dir=png_path.parent)
+    name = comparison_name(args.experiment, tags)
+    png_path = Path(args.out or Path("runs") / "compare" / f"{name}{'_' + parent[:8] if parent else ''}.png")
+    png = plot_comparison(rows, args.metric, png_path, title=f"{args.experiment or name}: {args.metric}")
+    run_id = log_comparison(uri, args.experiment or COMPARE_EXPERIMENT, rows, args.metric, png, table,
+                            parent_run_id=parent, local_dir=png_path.parent)
     print(f"comparison plot: {png}; logged to MLflow run {run_id}{' (the sweep run)' if parent else ''}", file=out)
     return 0
 # --- end sweeps ---
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <what> (see `ragen-rllib <cmd> --help`)``, exit code 2.
+
+    Subcommand parsers are made with the same class, so every usage error reads alike.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ragen-rllib",
-                                description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
+    p = _Parser(prog="ragen-rllib", description="Multi-turn agent RL (RAGEN StarPO / StarPO-S) on Ray RLlib")
     sub = p.add_subparsers(dest="cmd", required=True)
+    # -q / -v on the commands that run models (train, eval, rollout, sweep): ragen_rllib/console.py
+    loud = argparse.ArgumentParser(add_help=False)
+    g = loud.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=VERBOSE, default=NORMAL,
+                   help="also show the libraries' INFO logs (vLLM, Ray, transformers, MLflow) on the console")
+    g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=QUIET,
+                   help="only warnings, errors and the final summary")
 
     sub.add_parser("envs", help="list registered envs and their variants")
 
@@ -437,24 +681,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default=None, help=f"model name or local HF folder, e.g. {DEFAULT_MODEL}")
     sp.add_argument("--both-formats", action="store_true", help="show the think and the no-think prompt")
 
-    sp = sub.add_parser("rollout", help="roll out a model on envs, write Arrow, print a summary")
+    sp = sub.add_parser("rollout", help="roll out a model on envs, write Arrow, print a summary", parents=[loud])
     sp.add_argument("--env", action="append", required=True, help="env or env:variant; repeat or comma-separate")
     sp.add_argument("--model", default=DEFAULT_MODEL, help="known model name or local HF folder")
     sp.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
-    sp.add_argument("--groups", type=int, default=4, help="initial-state groups per iteration (P)")
-    sp.add_argument("--group-size", type=int, default=4, help="samples per group (N)")
-    sp.add_argument("--max-turns", type=int, default=None, help="turns per episode (default: per env, RAGEN's)")
-    sp.add_argument("--iterations", type=int, default=1)
+    sp.add_argument("--groups", type=_positive_int, default=4, help="initial-state groups per iteration (P)")
+    sp.add_argument("--group-size", type=_positive_int, default=4, help="samples per group (N)")
+    sp.add_argument("--max-turns", type=_positive_int, default=None,
+                    help="turns per episode (default: per env, RAGEN's)")
+    sp.add_argument("--iterations", type=_positive_int, default=1)
     sp.add_argument("--out", default="runs", help="root folder of the trajectory store")
     sp.add_argument("--run-id", default=None)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--no-think", action="store_true")
     sp.add_argument("--temperature", type=float, default=1.0)
-    sp.add_argument("--max-new-tokens", type=int, default=200)
-    sp.add_argument("--max-context-tokens", type=int, default=3600)
+    sp.add_argument("--max-new-tokens", type=_positive_int, default=200)
+    sp.add_argument("--max-context-tokens", type=_positive_int, default=3600)
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="env config override (repeatable)")
 
-    sp = sub.add_parser("train", help="train StarPO / StarPO-S from an experiment YAML")
+    sp = sub.add_parser("train", help="train StarPO / StarPO-S from an experiment YAML", parents=[loud])
     sp.add_argument("--config", default=None, help="experiments/<file>.yaml")
     sp.add_argument("--profile", default=None, help="named profile in the file, e.g. cpu")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. starpo.actor_lr=2e-5")
@@ -464,10 +709,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue RUN (a run name under --run-dir, or its folder) from its last checkpoint")
     sp.add_argument("--run-dir", default="runs", help="where runs live (for --resume RUN)")
 
-    sp = sub.add_parser("eval", help="evaluate a trained model (or a baseline policy) with a validation protocol")
-    sp.add_argument("--checkpoint", default=None,
-                    help="run folder, its hf_model folder, or a local HF model folder (default with --config: "
-                         "the experiment's model, untrained)")
+    sp = sub.add_parser("eval", help="evaluate a trained model (or a baseline policy) with a validation protocol",
+                        parents=[loud])
+    sp.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
+                    help="run folder, its hf_model folder, a local HF model folder, or a registered model "
+                         "(models:/<name>/<version>, models:/<name>/latest, models:/<name>@<alias>) "
+                         "(default with --config: the experiment's model, untrained)")
+    sp.add_argument("--tracking-uri", default=None,
+                    help="MLflow URI holding the registry for models:/ (default: sqlite:///runs/mlflow.db)")
     sp.add_argument("--config", default=None, help="experiment file whose validation protocol to use")
     sp.add_argument("--profile", default=None, help="profile of --config")
     sp.add_argument("--policy", default="model", choices=["model", "random-valid", "expert"],
@@ -480,14 +729,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "e.g. starpo.val_groups=128)")
 
     # --- sweeps ---
-    sp = sub.add_parser("sweep", help="Ray Tune sweep over StarPO knobs, trials as nested MLflow runs")
+    sp = sub.add_parser("sweep", help="Ray Tune sweep over StarPO knobs, trials as nested MLflow runs",
+                        parents=[loud])
     sp.add_argument("--config", required=True, help="experiments/sweeps/<file>.yaml")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="sweep key (iterations=3, scheduler.grace_period=2) "
                          "or experiment override (starpo.actor_lr=2e-5)")
     sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the run folder)")
-    sp = sub.add_parser("compare", help="table + plot of an MLflow experiment's runs (or one sweep's trials)")
-    sp.add_argument("experiment", help="MLflow experiment name, e.g. ragen-bandit")
+    sp = sub.add_parser("compare", help="table + plot of an MLflow experiment's runs (or one sweep's trials, "
+                                        "or the runs with given tags)")
+    sp.add_argument("experiment", nargs="?", default=None,
+                    help="MLflow experiment name, e.g. ragen-bandit (optional with --tag: all experiments)")
+    sp.add_argument("--tag", action="append", metavar="KEY=VALUE",
+                    help="only runs with this tag value (repeatable: all must match), e.g. --tag env=bandit")
     sp.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite:///runs/mlflow.db)")
     sp.add_argument("--metric", default="rollout/success", help="e.g. val/bandit/success")
     sp.add_argument("--mode", default="max", choices=["max", "min"], help="what 'best' means for --metric")
@@ -512,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--submission-id", default=None, help="default: ragen-<date>-<time>-<random>")
     sp.add_argument("--python", default="python", help="interpreter on the cluster with ragen-rllib installed")
     sp.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
+    sp.add_argument("--list-upload", action="store_true",
+                    help="print the files the working-dir upload would contain, submit nothing")
     sp = sub.add_parser("job", help="status, logs, stop or list Ray jobs")
     jsub = sp.add_subparsers(dest="job_cmd", required=True)
     for name, help_ in (("status", "state and message"), ("logs", "the driver's output"), ("stop", "stop a job"),
@@ -523,6 +779,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "logs":
             js.add_argument("--follow", action="store_true", help="stream until the job ends; exit code = outcome")
     # --- end Ray Jobs ---
+
+    sp = sub.add_parser("report", help="(re)build a run's self-contained HTML report and print its path")
+    sp.add_argument("run", help="run folder, or a run name under --root")
+    sp.add_argument("--root", default="runs", help="where runs live")
+    sp.add_argument("--open", action="store_true", help="also open it in the default web browser")
+    sp.add_argument("--max-iterations", type=int, default=12, help="iterations in the episode browser")
+    sp.add_argument("--max-episodes", type=int, default=32, help="episodes per iteration in the episode browser")
 
     sp = sub.add_parser("trajectories", help="inspect stored trajectories")
     tsub = sp.add_subparsers(dest="traj_cmd", required=True)
@@ -545,11 +808,24 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("name", help=f"e.g. {DEFAULT_MODEL}")
     mp.add_argument("--cache-dir", default=None)
     mp.add_argument("--force", action="store_true")
+
+    sp = sub.add_parser("doctor", help="check this machine: Python, torch, models, vLLM, Ray, MLflow, DeepSpeed, "
+                                       "disk, memory (one line each)")
+    sp.add_argument("--quick", action="store_true", help="do not start the vLLM engine and Ray (seconds, not a minute)")
+    sp.add_argument("--cache-dir", default=None, help="prepared-model folder (default: $RAGEN_RLLIB_CACHE/models)")
+    sp.add_argument("--run-dir", default="runs", help="run folder: its MLflow store and free disk (default: runs)")
+    sp.add_argument("--tracking-uri", default=None, help="MLflow URI to check (default: sqlite in --run-dir)")
     return p
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: TextIO | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code.
+
+    Bad input (config, key, value, path, model, env, address) ends the command before anything heavy
+    starts, with one line ``error: <what and how to fix it>`` on stderr and no traceback: raised as
+    ``SystemExit("error: ...")`` (exit code 1), and ``ConfigError`` from any layer is mapped the same
+    way here. Command-line usage errors (argparse) exit with code 2, also in one line.
+    """
     if argv is None:  # the real command line (not a test calling main): the allocator is set per process
         from ragen_rllib.launch.allocator import reexec_with_jemalloc
 
@@ -561,9 +837,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, inp: Text
         return cmd_play(args, out, inp)
     commands = {"envs": cmd_envs, "prompt": cmd_prompt, "models": cmd_models, "rollout": cmd_rollout,
                 "trajectories": cmd_trajectories, "train": cmd_train, "eval": cmd_eval, "submit": cmd_submit,
-                "job": cmd_job, "sweep": cmd_sweep, "compare": cmd_compare}
+                "job": cmd_job, "sweep": cmd_sweep, "compare": cmd_compare, "report": cmd_report,
+                "doctor": cmd_doctor}
     if args.cmd in commands:
-        return commands[args.cmd](args, out)
+        with logging_restored():  # a command's Console.install() (-q/-v) ends with the command
+            try:
+                return commands[args.cmd](args, out)
+            except ConfigError as e:  # bad input found past a command's own checks: still one line
+                raise SystemExit(f"error: {' '.join(str(e).split())}") from None
     raise AssertionError(f"unhandled command {args.cmd!r}")
 
 

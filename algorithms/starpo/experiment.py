@@ -11,7 +11,7 @@ Experiment file layout (``experiments/*.yaml``)::
     starpo: {env: sokoban, ...}  # StarPOParams overrides (RAGEN names)
     warmup: {steps: 20, kind: random-valid, groups: 4, group_size: 4}
     rllib: {num_env_runners: 0, num_learners: 0, ray_num_cpus: 2}
-    tracking: {experiment: ragen-sokoban, tracking_uri: null, log_model: true}
+    tracking: {experiment: ragen-sokoban, tracking_uri: null, log_model: true, register_model: true}
     profiles:                   # named overlays, e.g. a small CPU profile
       cpu: {iterations: 20, starpo: {...}}
 
@@ -25,6 +25,7 @@ import ast
 import copy
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ import yaml
 
 from ragen_rllib.algorithms.starpo.params import PRESETS, StarPOParams
 from ragen_rllib.envs.demos import DEMO_KINDS
+from ragen_rllib.envs.registry import make_env_config
+from ragen_rllib.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,13 @@ class Warmup:
 @dataclass(frozen=True)
 class Tracking:
     """MLflow: ``experiment`` (default ``ragen-<env>``), ``tracking_uri`` (default a SQLite file in
-    the run folder), ``log_model`` (log the final model folder as an artifact)."""
+    the run folder), ``log_model`` (log the final model folder as an artifact), ``register_model``
+    (register it in the Model Registry under the experiment's name, as a new version)."""
 
     experiment: str | None = None
     tracking_uri: str | None = None
     log_model: bool = True
+    register_model: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ SECTION_FIELDS: dict[str, tuple[str, ...]] = {
 SCALAR_KEYS = ("preset", "iterations", "checkpoint_freq", "run_dir", "run_name")
 #: Written by the loader (where the config came from), not by users.
 PROVENANCE_KEYS = ("source", "profile")
+# A run name is the Arrow store's run id and a folder name (trajectory/store.py accepts these).
+_RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]*")
 
 
 @dataclass(frozen=True)
@@ -126,21 +133,43 @@ class Experiment:
         """Read an experiment file, overlay ``profile``, apply ``key=value`` ``sets``, validate.
 
         Raises:
-            FileNotFoundError: missing file. ValueError: ``<file>:<line>: ...`` for malformed YAML,
-            else naming the key and value (unknown profile or key, bad value).
+            FileNotFoundError: missing file. ConfigError (a ValueError): ``<file>:<line>: ...`` for
+            malformed YAML, else naming the file, key and value (unknown profile, key, env, bad value).
         """
         return cls.from_dict(load_experiment(path, profile, sets))
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> Experiment:
-        """Validate a resolved experiment dict (as ``load_experiment`` returns); errors name the key."""
-        where = cfg.get("source") or "experiment"
-        check_keys(cfg, str(where))
-        return cls(starpo=build_params(cfg), preset=str(cfg.get("preset", "starpo_s")),
-                   iterations=_int(cfg.get("iterations", 10), f"{where}: iterations", 0),
-                   checkpoint_freq=_int(cfg.get("checkpoint_freq", 1), f"{where}: checkpoint_freq", 0),
-                   run_dir=str(cfg.get("run_dir") or "runs"),
-                   run_name=None if cfg.get("run_name") is None else str(cfg["run_name"]),
+        """Validate a resolved experiment dict (as ``load_experiment`` returns).
+
+        Every key, value, env name, variant and env field is checked here, before anything starts.
+
+        Raises:
+            ConfigError: one line naming the file (``source``), the key and the bad value.
+        """
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"an experiment must be a mapping of key: value, got {type(cfg).__name__}")
+        where = str(cfg.get("source") or "experiment")
+        check_keys(cfg, where)
+        iterations = _int(cfg.get("iterations", 10), f"{where}: iterations", 0)
+        checkpoint_freq = _int(cfg.get("checkpoint_freq", 1), f"{where}: checkpoint_freq", 0)
+        preset = _preset(cfg.get("preset", "starpo_s"), where)
+        run_dir = cfg.get("run_dir") or "runs"
+        if not isinstance(run_dir, str):
+            raise ConfigError(f"{where}: run_dir must be a folder path, got {run_dir!r}")
+        run_name = cfg.get("run_name")
+        if isinstance(run_name, int) and not isinstance(run_name, bool):
+            run_name = str(run_name)
+        if run_name is not None and not (isinstance(run_name, str) and _RUN_NAME_RE.fullmatch(run_name)):
+            raise ConfigError(f"{where}: run_name must match {_RUN_NAME_RE.pattern} (it names the run folder), "
+                              f"got {run_name!r}")
+        try:
+            starpo = build_params({**cfg, "preset": preset, "iterations": iterations})
+        except ValueError as e:  # named as the file spells it: starpo.<field>
+            raise ConfigError(f"{where}: {str(e).replace('StarPOParams.', 'starpo.', 1)}") from None
+        check_envs(starpo, where)
+        return cls(starpo=starpo, preset=preset, iterations=iterations, checkpoint_freq=checkpoint_freq,
+                   run_dir=run_dir, run_name=run_name,
                    warmup=_section(Warmup, cfg, "warmup", str(where)),
                    tracking=_section(Tracking, cfg, "tracking", str(where)),
                    rllib=_section(Resources, cfg, "rllib", str(where)),
@@ -153,22 +182,25 @@ def load_experiment(path: str | Path, profile: str | None = None, overrides: Seq
     """Read an experiment YAML, apply a profile and ``key=value`` overrides; returns the plain dict.
 
     Raises:
-        FileNotFoundError: missing file. ValueError: malformed YAML (``<file>:<line>: ...``),
-        unknown profile, bad override, bad preset.
+        FileNotFoundError: missing file. ConfigError (a ValueError): malformed YAML
+        (``<file>:<line>: ...``), unknown profile, bad override, bad preset.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"experiment config {str(path)!r} does not exist")
     cfg = read_yaml(path)
     profiles = cfg.pop("profiles", {}) or {}
+    if not isinstance(profiles, Mapping):
+        raise ConfigError(f"{path}: 'profiles' must map profile names to overlays, got {profiles!r}")
     if profile:
         if profile not in profiles:
-            raise ValueError(f"{path}: unknown profile {profile!r}; profiles: {sorted(profiles)}")
-        cfg = merge(cfg, profiles[profile])
+            raise ConfigError(f"{path}: unknown profile {profile!r}; profiles: {sorted(map(str, profiles))}")
+        overlay = profiles[profile] or {}
+        if not isinstance(overlay, Mapping):
+            raise ConfigError(f"{path}: profile {profile!r} must be a mapping of key: value, got {overlay!r}")
+        cfg = merge(cfg, overlay)
     set_dotted(cfg, parse_sets(overrides), where=f"{path}: --set")
-    preset = cfg.get("preset", "starpo_s")
-    if preset not in PRESETS:
-        raise ValueError(f"{path}: preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    _preset(cfg.get("preset", "starpo_s"), str(path))
     cfg["source"] = str(path)
     cfg["profile"] = profile
     return cfg
@@ -178,15 +210,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from ``path``; a syntax error is one line ``<file>:<line>:<col>: <problem>``."""
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); is it the experiment YAML?") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"{at}: malformed YAML: {problem}") from None
+        problem = " ".join((getattr(e, "problem", None) or str(e)).split())
+        raise ConfigError(f"{at}: malformed YAML: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: must hold a mapping (key: value lines), got {type(data).__name__}")
+        raise ConfigError(f"{path}: must hold a mapping (key: value lines), got {type(data).__name__}")
     return data
 
 
@@ -202,22 +236,30 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}``: values as Python literals, else strings.
 
     The one ``key=value`` parser of the command line (``train``, ``eval``, ``sweep``, ``submit``,
-    ``rollout``, ``--resume``).
+    ``rollout``, ``--resume``). YAML's ``true``, ``false`` and ``null`` mean True, False and None,
+    as they do in the experiment files.
 
     Raises:
-        ValueError: an item without ``=`` or with an empty key.
+        ConfigError: an item without ``=`` or with an empty key.
     """
     out: dict[str, Any] = {}
     for item in items:
         key, eq, raw = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        try:
-            value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
-            value = raw.strip()
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        raw = raw.strip()
+        if raw in _YAML_WORDS:
+            value = _YAML_WORDS[raw]
+        else:
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                value = raw
         out[key.strip()] = value
     return out
+
+
+_YAML_WORDS: dict[str, Any] = {"true": True, "false": False, "null": None}
 
 
 def set_dotted(cfg: dict[str, Any], values: Mapping[str, Any], where: str = "--set") -> dict[str, Any]:
@@ -246,25 +288,27 @@ def check_key(key: str, where: str) -> None:
     """Check a dotted experiment key: ``preset``, ``iterations``, ``starpo.<field>``, ``warmup.<field>``, ...
 
     Raises:
-        ValueError: naming the key and what is allowed (with the nearest match when there is one).
+        ConfigError: naming the key and what is allowed (with the nearest match when there is one).
     """
     if not isinstance(key, str) or not key:
-        raise ValueError(f"{where}: keys must be dotted strings such as 'starpo.actor_lr', got {key!r}")
+        raise ConfigError(f"{where}: keys must be dotted strings such as 'starpo.actor_lr', got {key!r}")
     head, _, leaf = key.partition(".")
     if head in SECTION_FIELDS:
         fields = SECTION_FIELDS[head]
         if leaf not in fields:
             close = difflib.get_close_matches(leaf, fields, n=1)
             hint = f"; did you mean '{head}.{close[0]}'?" if close else f"; known: {list(fields)}"
-            raise ValueError(f"{where}: key {key!r}: {leaf!r} is not a field of '{head}'{hint}")
+            if not leaf:  # `--set starpo=3`: a section, not a value
+                hint = f"; '{head}' is a section: set one of its fields, e.g. '{head}.{fields[0]}=...'"
+            raise ConfigError(f"{where}: key {key!r}: {leaf!r} is not a field of '{head}'{hint}")
         return
     known = list(SCALAR_KEYS) + list(SECTION_FIELDS)
     if head not in SCALAR_KEYS + PROVENANCE_KEYS:
         close = difflib.get_close_matches(head, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{where}: unknown key {key!r}; an experiment has {known}{hint}")
+        raise ConfigError(f"{where}: unknown key {key!r}; an experiment has {known}{hint}")
     if leaf:
-        raise ValueError(f"{where}: key {key!r}: {head!r} is a single value, not a section")
+        raise ConfigError(f"{where}: key {key!r}: {head!r} is a single value, not a section")
 
 
 def check_keys(cfg: Mapping[str, Any], where: str) -> None:
@@ -274,7 +318,7 @@ def check_keys(cfg: Mapping[str, Any], where: str) -> None:
             if value is None:
                 continue
             if not isinstance(value, Mapping):
-                raise ValueError(f"{where}: {head!r} must be a mapping of {head}.<field>: value, got {value!r}")
+                raise ConfigError(f"{where}: {head!r} must be a mapping of {head}.<field>: value, got {value!r}")
             for leaf in value:
                 check_key(f"{head}.{leaf}", where)
         else:
@@ -282,17 +326,60 @@ def check_keys(cfg: Mapping[str, Any], where: str) -> None:
 
 
 def build_params(cfg: Mapping[str, Any]) -> StarPOParams:
-    """StarPOParams from the preset + the ``starpo`` section (validated; errors name the field)."""
+    """StarPOParams from the preset + the ``starpo`` section (validated; errors name the field).
+
+    Raises:
+        ConfigError: a bad preset or field value (``StarPOParams.validate``).
+    """
     overrides = dict(cfg.get("starpo") or {})
     for name in ("val_envs", "lora_target_modules"):  # YAML lists (or one name) -> the tuple fields
         if name in overrides:
             value = overrides[name]
-            overrides[name] = (value,) if isinstance(value, str) else tuple(value)
-    overrides.setdefault("total_training_steps", int(cfg.get("iterations", 0) or 0))  # the LR schedule's horizon
-    preset = cfg.get("preset", "starpo_s")
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-    return PRESETS[preset](**overrides)
+            overrides[name] = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else value
+    iterations = cfg.get("iterations", 0) or 0
+    if isinstance(iterations, int) and not isinstance(iterations, bool):  # else from_dict names the bad value
+        overrides.setdefault("total_training_steps", iterations)  # the LR schedule's horizon
+    return PRESETS[_preset(cfg.get("preset", "starpo_s"), "experiment")](**overrides)
+
+
+def check_envs(p: StarPOParams, where: str) -> None:
+    """The train env, every validation env and ``env_config`` exist and fit (no env is built).
+
+    Raises:
+        ConfigError: naming the key (``starpo.env``, ``starpo.val_envs``, ``starpo.env_config``).
+    """
+    for key, spec in [("starpo.env", p.env)] + [("starpo.val_envs", v) for v in p.val_envs]:
+        try:
+            make_env_config(spec)
+        except (KeyError, ImportError) as e:
+            raise ConfigError(f"{where}: {key}: {e.args[0] if e.args else e} (see `ragen-rllib envs`)") from None
+        try:
+            make_env_config(spec, **p.env_config)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: starpo.env_config for {spec!r}: {e}") from None
+
+
+def _preset(value: Any, where: str) -> str:
+    if not isinstance(value, str) or value not in PRESETS:
+        raise ConfigError(f"{where}: preset must be one of {sorted(PRESETS)}, got {value!r}")
+    return value
+
+
+#: What each annotation of ``Warmup``, ``Tracking`` and ``Resources`` allows, and how to say it.
+_SECTION_TYPES: dict[str, tuple[Any, str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
+    "int | None": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                   "an int >= 0 or null"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+    "float | str": (lambda v: v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
+                    "a number >= 0 or 'auto'"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "Mapping[str, float]": (lambda v: isinstance(v, Mapping) and all(
+        isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+        for k, x in v.items()), "a mapping of resource name: amount >= 0"),
+}
 
 
 def _section(cls: type, cfg: Mapping[str, Any], name: str, where: str) -> Any:
@@ -300,23 +387,26 @@ def _section(cls: type, cfg: Mapping[str, Any], name: str, where: str) -> Any:
     try:
         obj = cls(**values)
     except TypeError as e:  # unknown field (check_keys catches it first) or a bad constructor call
-        raise ValueError(f"{where}: {name}: {e}") from None
+        raise ConfigError(f"{where}: {name}: {e}") from None
     for f in dataclasses.fields(cls):
         value = getattr(obj, f.name)
-        if f.type in ("int",) and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{where}: {name}.{f.name} must be an int >= 0, got {value!r}")
-        if f.type == "bool" and not isinstance(value, bool):
-            raise ValueError(f"{where}: {name}.{f.name} must be true or false, got {value!r}")
+        if str(f.type) not in _SECTION_TYPES:  # a new field's annotation: teach the table its check
+            raise TypeError(f"{cls.__name__}.{f.name}: no check for annotation {f.type!r} in _SECTION_TYPES")
+        check, what = _SECTION_TYPES[str(f.type)]
+        if not check(value):
+            raise ConfigError(f"{where}: {name}.{f.name} must be {what}, got {value!r}")
     if cls is Warmup:
         if obj.kind not in DEMO_KINDS:
-            raise ValueError(f"{where}: warmup.kind must be one of {list(DEMO_KINDS)}, got {obj.kind!r}")
+            raise ConfigError(f"{where}: warmup.kind must be one of {list(DEMO_KINDS)}, got {obj.kind!r}")
         for k in ("groups", "group_size"):
             if getattr(obj, k) < 1:
-                raise ValueError(f"{where}: warmup.{k} must be an int >= 1, got {getattr(obj, k)!r}")
+                raise ConfigError(f"{where}: warmup.{k} must be an int >= 1, got {getattr(obj, k)!r}")
+    if cls is Resources and obj.ray_num_cpus < 1:
+        raise ConfigError(f"{where}: rllib.ray_num_cpus must be an int >= 1, got {obj.ray_num_cpus!r}")
     return obj
 
 
 def _int(value: Any, where: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where} must be an int >= {minimum}, got {value!r}")
+        raise ConfigError(f"{where} must be an int >= {minimum}, got {value!r}")
     return value

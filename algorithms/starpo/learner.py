@@ -50,6 +50,9 @@ class StarPOLearner(TorchLearner):
         self._backend: LearnerBackend | None = None  # set with the optimizers (configure_optimizers_for_module)
         self._full_state: dict[str, Any] | None = None  # ZeRO-3: full module state gathered on every rank
         self._ref_lm = None
+        # (B, T) advantages of the last RL_FROM_UPDATE_FORWARD update, in batch row order (see
+        # update_forward_advantages): the Algorithm stores them with the trajectories.
+        self._update_forward_adv: np.ndarray | None = None
         super().build()
 
     @override(TorchLearner)
@@ -247,6 +250,7 @@ class StarPOLearner(TorchLearner):
                                with_entropy=True, temperature=1.0 if sft else None)  # SFT: the model's own T=1
             if reuse:
                 mb = self._old_from_update_forward(p, module, mb, fwd, metrics)
+                self._keep_update_forward_advantages(idx, mb["advantages"], batch["token_ids"].shape)
             actor, critic, m = self._loss(p, mb, fwd, sft)
             self._backend.backward(actor * w, None if critic is None else critic * w, last=j == len(plan) - 1)
             total += float((actor if critic is None else actor + critic).detach()) * w
@@ -284,6 +288,20 @@ class StarPOLearner(TorchLearner):
                 out["ref_logp"] = torch.as_tensor(self._ref_logp(module, mb), device=old_logp.device)
         metrics["actor/entropy_rollout"] = float((fwd["entropy"].detach() * mask).sum() / mask.sum().clamp(min=1))
         metrics["actor/old_logp_from_update_forward"] = 1.0
+        return out
+
+    def _keep_update_forward_advantages(self, idx: list[int], adv: torch.Tensor, shape: tuple[int, ...]) -> None:
+        """Keep the advantages of the one micro-batch (rows ``idx``, cut to its longest row) as a
+        (B, T) float32 array in the batch's row order, for ``update_forward_advantages``."""
+        out = np.zeros(tuple(shape), dtype=np.float32)
+        a = adv.detach().float().cpu().numpy()
+        out[np.asarray(idx, dtype=np.int64), : a.shape[1]] = a
+        self._update_forward_adv = out
+
+    def update_forward_advantages(self) -> np.ndarray | None:
+        """The (B, T) float32 token advantages the last ``RL_FROM_UPDATE_FORWARD`` update computed
+        (rows in the order sent, 0 off the loss mask), once: a second call returns None."""
+        out, self._update_forward_adv = self._update_forward_adv, None
         return out
 
     def _loss(self, p: Any, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor], sft: bool

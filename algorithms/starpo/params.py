@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+from ragen_rllib.errors import ConfigError
 
 ADV_ESTIMATORS = ("gae", "grpo")
 FILTER_TYPES = ("std", "std_rev", "all", "top_p_softmax", "top_p_linear")
@@ -21,6 +23,41 @@ OLD_LOGP_SOURCES = ("recompute", "sampler")
 WARMUP_STYLES = ("constant", "cosine")
 LEARNER_BACKENDS = ("torch", "deepspeed")
 ENGINES = ("vllm", "hf")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _float_text(v: Any) -> bool:
+    """True for a string that spells a number (``"1e-6"``)."""
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(v, str)
+
+
+#: The type each field annotation allows (checked first by ``validate``, so a YAML string where a
+#: number belongs is named, instead of failing later in a comparison), and how to say it.
+FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "int": (_is_int, "an int"),
+    "int | None": (lambda v: v is None or _is_int(v), "an int or null"),
+    "float": (_is_number, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "Mapping[str, Any]": (lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v),
+                          "a mapping of field: value"),
+    "tuple[str, ...]": (lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
+                        "a list of non-empty strings"),
+}
+# Fields whose checks below test the type themselves, with messages of their own.
+_OWN_TYPE_CHECKS = frozenset({"lora_rank", "lora_alpha", "lora_target_modules"})
 
 
 @dataclass(frozen=True)
@@ -120,11 +157,26 @@ class StarPOParams:
     lora_target_modules: tuple[str, ...] = ("all-linear",)  # module names, or ("all-linear",): all but lm_head
 
     def validate(self) -> "StarPOParams":
-        """Check every field; raise ``ValueError`` naming the field and its value. Returns self."""
+        """Check every field; raise ``ConfigError`` (a ``ValueError``) naming the field and its value.
 
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"StarPOParams.{name} {why}, got {getattr(self, name)!r}")
+        Returns self.
+        """
 
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"StarPOParams.{name} {why}, got {getattr(self, name)!r}")
+
+        for f in dataclasses.fields(self):
+            if f.name in _OWN_TYPE_CHECKS:
+                continue
+            if str(f.type) not in FIELD_TYPES:  # a new field's annotation: teach the table its check
+                raise TypeError(f"StarPOParams.{f.name}: no check for annotation {f.type!r} in FIELD_TYPES")
+            check, what = FIELD_TYPES[str(f.type)]
+            value = getattr(self, f.name)
+            if not check(value):
+                # YAML 1.1 reads 1e-6 (no dot) as a string; say so instead of only "a number".
+                hint = (" (YAML reads 1e-6 as a string: write 1.0e-6)"
+                        if what == "a number" and _float_text(value) else "")
+                raise bad(f.name, f"must be {what}{hint}")
         choices = {"engine": ENGINES, "engine_dtype": ("auto", "float32", "bfloat16", "float16"),
                    "rollout_filter_type": FILTER_TYPES, "adv_estimator": ADV_ESTIMATORS,
                    "loss_agg_mode": LOSS_AGG_MODES, "kl_mode": KL_MODES, "kl_type": KL_TYPES,
@@ -170,6 +222,17 @@ class StarPOParams:
             raise bad("kl_coef", f"must be > 0 when kl_mode={self.kl_mode!r}")
         if self.kl_mode == "off" and self.kl_coef != 0:
             raise bad("kl_coef", "must be 0 when kl_mode='off' (set kl_mode to 'loss' or 'reward')")
+        for name in ("model", "env"):
+            if not getattr(self, name):
+                raise bad(name, "must not be empty")
+        for name in ("seed", "val_seed"):  # numpy seeds are >= 0
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        for name in ("weight_decay", "rollout_filter_selection_eps"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        if self.cliprange_value <= 0:
+            raise bad("cliprange_value", "must be > 0")
         if self.test_freq < 0:
             raise bad("test_freq", "must be >= 0")
         if self.grad_clip <= 0:

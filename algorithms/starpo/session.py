@@ -2,8 +2,9 @@
 
 ``open`` (tags, params, resolved config, warm-up) -> ``step(i)`` per RL iteration (flat metrics,
 timing, memory, Echo-Trap signals and flags, MLflow) -> ``finish`` (final validation, export,
-curves, summary) -> ``close(status)``. ``train()`` (``ragen-rllib train``: the loop plus
-checkpoint/resume) and the Tune trainable (``sweep.StarPOTrainable``) both drive one.
+curves, summary) -> ``close(status)`` (the run report ``<run>/report.html``). ``train()``
+(``ragen-rllib train``: the loop plus checkpoint/resume) and the Tune trainable
+(``sweep.StarPOTrainable``) both drive one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from ragen_rllib.algorithms.starpo.experiment import Experiment
 from ragen_rllib.algorithms.starpo.params import StarPOParams
+from ragen_rllib.console import log_summary, log_warning, progress
+from ragen_rllib.tracking import report as run_report
 
 #: Shown in the one progress line per iteration.
 KEY_METRICS = ("rollout/success", "rollout/return_mean", "rollout/well_formed_rate", "filter/std_all_mean",
@@ -66,9 +69,16 @@ class Session:
         warm = self.exp.warmup
         if warm.steps:
             self.log(f"[warm-up] {warm.steps} supervised steps on {warm.kind} demonstrations")
+            # One "[warm-up s/N] sft/loss=.." line per step; on a terminal a bar showing the loss instead.
+            bar = progress(self.log, total=warm.steps, desc="warm-up", keep_lines=False)
+
+            def step(line: str) -> None:
+                bar.step(line, postfix=" ".join(t for t in line.split() if "loss=" in t))
+
             for s, m in enumerate(self.algo.warmup(warm.steps, warm.kind, groups=warm.groups,
-                                                   group_size=warm.group_size)):
+                                                   group_size=warm.group_size, log=step)):
                 self.tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
+            bar.close()
         return self
 
     def step(self, i: int, result: Mapping[str, Any], seconds: float) -> dict[str, float]:
@@ -79,16 +89,32 @@ class Session:
         if self.memory is not None:
             m.update(self.memory.metrics())
         for sig in self.monitor.update(m, step=i):
-            self.log(sig.message)
+            log_warning(self.log, sig.message)
         m.update(self.monitor.flags())
         self.history.append(m)
+        run_report.append_metrics(self.run_folder, i, m)  # <run>/metrics.jsonl: what the run report plots
         return m
 
     def log_step(self, i: int, m: Mapping[str, float]) -> None:
-        """Send iteration ``i``'s metrics to MLflow, once: a step already in the run is skipped."""
+        """Send iteration ``i``'s metrics to MLflow, once: a step already in the run is skipped.
+        Its trajectory file is recorded as a dataset input every time (``log_trajectories``)."""
+        self.log_trajectories(i)
         if i > self.logged:
             self.tracker.log_metrics(dict(m), step=i)
             self.logged = i
+
+    def log_trajectories(self, i: int) -> None:
+        """Record iteration ``i``'s Parquet file as a ``training`` dataset input of the MLflow run
+        (source: its path; digest: a hash of its bytes; input tag ``iteration``), so the run shows
+        what it trained on. A redone iteration (``--resume``) wrote a new file: it is added too."""
+        store = getattr(self.algo, "store", None)
+        path = store.path_for(i) if store is not None else None
+        if path is None or not path.is_file():
+            return
+        import pyarrow.parquet as pq
+
+        self.tracker.log_dataset(path, name=f"{store.run_id}/{path.stem}", context="training",
+                                 tags={"iteration": i}, profile={"num_rows": pq.read_metadata(path).num_rows})
 
     def progress_line(self, i: int, m: Mapping[str, float], eta_s: float) -> str:
         """``[i/N] success=.. return_mean=.. ... val/<env>/success=.. eta ..s``."""
@@ -101,28 +127,53 @@ class Session:
         final = self.algo.validate() if self.exp.starpo.test_freq else {}
         self.tracker.log_metrics(final, step=len(self.history))
         if final:
-            self.log(" ".join(f"{k}={v:.3f}" for k, v in final.items()))
+            run_report.append_metrics(self.run_folder, len(self.history), final, final=True)
+            log_summary(self.log, " ".join(f"{k}={v:.3f}" for k, v in final.items()))
         return final
 
     def export(self) -> Path:
         """The trained policy as a Hugging Face folder ``<run>/hf_model`` (+ its eval protocol),
-        logged to MLflow unless ``tracking.log_model`` is false."""
+        logged to MLflow unless ``tracking.log_model`` is false, and registered in the Model
+        Registry under the experiment's name unless ``tracking.register_model`` is false (source:
+        the logged artifact, else the local folder)."""
         hf_dir = export_hf(self.algo, self.run_folder / "hf_model")
         (hf_dir / EVAL_PROTOCOL_FILE).write_text(json.dumps(eval_protocol(self.exp.starpo), indent=2))
         self.tracker.set_tags({"hf_model": str(hf_dir)})
-        if self.exp.tracking.log_model:
+        tracking = self.exp.tracking
+        if tracking.log_model:
             self.tracker.log_artifact(str(hf_dir), "hf_model")
+        if tracking.register_model:
+            uri = self.tracker.register_model(self.exp.mlflow_experiment, local_path=hf_dir,
+                                              artifact_path="hf_model" if tracking.log_model else None)
+            if uri:
+                log_summary(self.log, f"model registered as {uri} (evaluate: ragen-rllib eval --model {uri})")
         return hf_dir
 
     def summarize(self, final_val: Mapping[str, float]) -> None:
         """Learning curves to MLflow and the summary table to the log (when iterations ran)."""
         if self.history:
             log_curves(self.tracker, self.history, self.run_folder)
-            print_summary(self.history, final_val, self.log)
+            print_summary(self.history, final_val, lambda line: log_summary(self.log, line))
 
     def close(self, status: str) -> None:
-        """End the MLflow run with ``status`` (FINISHED, FAILED, KILLED)."""
+        """Write the run report, then end the MLflow run with ``status`` (FINISHED, FAILED, KILLED)."""
+        self.write_report()
         self.tracker.end(status)
+
+    def write_report(self) -> Path | None:
+        """``<run>/report.html`` (``tracking.report``: curves, Echo-Trap dashboard, stage times,
+        episodes), logged to MLflow. A report that cannot be built or logged is a warning: it never
+        changes how the run ends. Returns its path, or None (no run folder yet, or it failed)."""
+        if not self.run_folder.is_dir():
+            return None
+        try:
+            path = run_report.write_report(self.run_folder)
+            self.tracker.log_artifact(str(path))
+        except Exception as e:  # the report is a by-product: a failed run must still close as such
+            log_warning(self.log, f"run report not written: {type(e).__name__}: {e}")
+            return None
+        log_summary(self.log, f"run report: {path} (rebuild: ragen-rllib report {self.run_folder})")
+        return path
 
 
 def flat_metrics(result: Mapping[str, Any]) -> dict[str, float]:

@@ -64,6 +64,7 @@ from ragen_rllib.algorithms.starpo.sweep_spec import (  # noqa: F401 -- re-expor
     load_sweep,
 )
 from ragen_rllib.algorithms.starpo.train import build_config, init_ray
+from ragen_rllib.console import log_summary, log_warning
 from ragen_rllib.tracking.compare import KIND_TAG, PARENT_TAG
 from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
 
@@ -305,7 +306,7 @@ class _ProgressLog(tune.Callback):
         self.log(f"[{self._label(trial)}] finished after {n} iteration(s){why}")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.log(f"[{self._label(trial)}] FAILED: {trial.error_file or 'see the Tune log'}")
+        log_warning(self.log, f"[{self._label(trial)}] FAILED: {trial.error_file or 'see the Tune log'}")
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -422,13 +423,13 @@ def _summarize(grid: Any, spec: SweepSpec, parent: Any, stopper: EchoTrapStopper
     if png is not None:
         parent.log_artifact(png, "compare")
     parent.log_text(table + "\n", "compare/table.txt")
-    log(table)
+    log_summary(log, table)
     if best is not None:
-        log(f"best trial {best['trial_id']} ({best['overrides']}): {spec.metric} = {best['value']:.4g} "
-            f"(final iteration), MLflow run {best['run_id']}")
+        log_summary(log, f"best trial {best['trial_id']} ({best['overrides']}): {spec.metric} = {best['value']:.4g} "
+                         f"(final iteration), MLflow run {best['run_id']}")
     for trial_id, msg in errors:
-        log(f"trial {trial_id} failed: {msg}")
-    log(f"comparison plot: {png}")
+        log_warning(log, f"trial {trial_id} failed: {msg}")
+    log_summary(log, f"comparison plot: {png}")
     return {"best": best, "errors": errors, "echo_trap_stopped": dict(stopper.stopped) if stopper else {},
             "rows": rows, "png": png, "table": table}
 

@@ -45,6 +45,7 @@ from ragen_rllib.algorithms.starpo.experiment import (
     with_overrides,
 )
 from ragen_rllib.algorithms.starpo.experiment import check_key as check_experiment_key
+from ragen_rllib.errors import ConfigError
 from ragen_rllib.tracking.compare import MODES
 from ragen_rllib.tracking.echo_trap import ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, SIGNALS, STD_COLLAPSE
 
@@ -143,25 +144,25 @@ def load_sweep(path: str | os.PathLike, overrides: Sequence[str] = ()) -> SweepS
 
     Raises:
         FileNotFoundError: the sweep file or its base experiment does not exist.
-        ValueError: anything invalid; the message names the file, the key and the bad value.
+        ConfigError (a ValueError): anything invalid; the message names the file, the key and the bad value.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sweep config {str(path)!r} does not exist")
     raw = read_yaml(path)  # `<file>:<line>: ...` for malformed YAML
     raw = _apply_sweep_sets(copy.deepcopy(raw), overrides, path)
-    unknown = sorted(set(raw) - set(SWEEP_KEYS))
+    unknown = sorted(map(str, set(raw) - set(SWEEP_KEYS)))
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; a sweep file has {list(SWEEP_KEYS)}")
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; a sweep file has {list(SWEEP_KEYS)}")
     base = raw.get("base")
     if not isinstance(base, str) or not base:
-        raise ValueError(f"{path}: 'base' must name the experiment file (relative to the sweep file), got {base!r}")
+        raise ConfigError(f"{path}: 'base' must name the experiment file (relative to the sweep file), got {base!r}")
     base_path = Path(base) if Path(base).is_absolute() else path.parent / base
     if not base_path.is_file():
         raise FileNotFoundError(f"{path}: base experiment {str(base_path)!r} does not exist")
     profile = raw.get("profile")
     if profile is not None and not isinstance(profile, str):
-        raise ValueError(f"{path}: 'profile' must be a profile name or null, got {profile!r}")
+        raise ConfigError(f"{path}: 'profile' must be a profile name or null, got {profile!r}")
     fixed = _mapping(raw.get("overrides"), f"{path}: 'overrides'")
     for key in fixed:
         check_key(key, f"{path}: overrides", searchable=False)
@@ -174,12 +175,12 @@ def load_sweep(path: str | os.PathLike, overrides: Sequence[str] = ()) -> SweepS
 
     space_raw = _mapping(raw.get("search_space"), f"{path}: 'search_space'")
     if not space_raw:
-        raise ValueError(f"{path}: 'search_space' must map at least one dotted key to e.g. {{grid: [...]}}")
+        raise ConfigError(f"{path}: 'search_space' must map at least one dotted key to e.g. {{grid: [...]}}")
     space: dict[str, tuple[str, tuple[Any, ...]]] = {}
     for key, spec in space_raw.items():
         check_key(key, f"{path}: search_space", searchable=True)
         if key in fixed:
-            raise ValueError(f"{path}: {key!r} is both a fixed override and in search_space; keep one")
+            raise ConfigError(f"{path}: {key!r} is both a fixed override and in search_space; keep one")
         space[key] = _parse_domain(key, spec, path)
         for value in _probe_values(*space[key]):
             _check_trial(experiment, {key: value}, f"{path}: search_space[{key!r}] value {value!r}")
@@ -187,20 +188,20 @@ def load_sweep(path: str | os.PathLike, overrides: Sequence[str] = ()) -> SweepS
 
     metric = raw.get("metric", "rollout/success")
     if not isinstance(metric, str) or "/" not in metric:
-        raise ValueError(f"{path}: 'metric' must be a namespaced metric such as 'rollout/success', got {metric!r}")
+        raise ConfigError(f"{path}: 'metric' must be a namespaced metric such as 'rollout/success', got {metric!r}")
     _check_val_metric(metric, experiment, path)
     mode = raw.get("mode", "max")
     if mode not in MODES:
-        raise ValueError(f"{path}: 'mode' must be one of {list(MODES)}, got {mode!r}")
+        raise ConfigError(f"{path}: 'mode' must be one of {list(MODES)}, got {mode!r}")
     seed = raw.get("seed", 0)
     if seed is not None:
         seed = _int(seed, f"{path}: 'seed'", 0)
     name = raw.get("name") or time.strftime(f"sweep-{path.stem.replace('_', '-')}-%Y%m%d-%H%M%S")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ValueError(f"{path}: 'name' must match {_NAME_RE.pattern} (it names run folders), got {name!r}")
+        raise ConfigError(f"{path}: 'name' must match {_NAME_RE.pattern} (it names run folders), got {name!r}")
     checkpoint_at_end = raw.get("checkpoint_at_end", False)
     if not isinstance(checkpoint_at_end, bool):
-        raise ValueError(f"{path}: 'checkpoint_at_end' must be true or false, got {checkpoint_at_end!r}")
+        raise ConfigError(f"{path}: 'checkpoint_at_end' must be true or false, got {checkpoint_at_end!r}")
     return SweepSpec(
         source=str(path), name=name, experiment=experiment, search_space=space, iterations=iterations,
         num_samples=_int(raw.get("num_samples", 1), f"{path}: 'num_samples'", 1), metric=metric, mode=mode,
@@ -221,16 +222,16 @@ def check_key(key: str, where: str, searchable: bool) -> None:
             sweep-wide ``tracking.*``, ``run_dir`` and ``iterations``.
 
     Raises:
-        ValueError: naming the key and what is allowed (with a close match when there is one).
+        ConfigError: naming the key and what is allowed (with a close match when there is one).
     """
     if not isinstance(key, str) or not key:
-        raise ValueError(f"{where}: keys must be dotted strings such as 'starpo.actor_lr', got {key!r}")
+        raise ConfigError(f"{where}: keys must be dotted strings such as 'starpo.actor_lr', got {key!r}")
     head = key.partition(".")[0]
     allowed = SEARCHABLE if searchable else SEARCHABLE + FIXED_ONLY
     if head not in allowed:
         extra = (f" ({head!r} is sweep-wide: set it at the top of the sweep file or in 'overrides')"
                  if head in FIXED_ONLY else "")
-        raise ValueError(f"{where}: key {key!r} must start with one of {list(allowed)}{extra}")
+        raise ConfigError(f"{where}: key {key!r} must start with one of {list(allowed)}{extra}")
     check_experiment_key(key, where)
 
 
@@ -242,9 +243,11 @@ def apply_overrides(experiment: Mapping[str, Any], overrides: Mapping[str, Any])
 def absolutize(experiment: Mapping[str, Any]) -> dict[str, Any]:
     """Make ``run_dir`` and a relative local ``starpo.model`` folder absolute (Tune trials run elsewhere)."""
     cfg = copy.deepcopy(dict(experiment))
-    cfg["run_dir"] = str(Path(cfg.get("run_dir") or "runs").resolve())
+    run_dir = cfg.get("run_dir") or "runs"
+    if isinstance(run_dir, str):  # anything else is refused by the trial check that follows
+        cfg["run_dir"] = str(Path(run_dir).resolve())
     starpo = cfg.get("starpo") or {}
-    model = starpo.get("model")
+    model = starpo.get("model") if isinstance(starpo, dict) else None
     if isinstance(model, str) and not Path(model).is_absolute() and Path(model).exists():
         starpo["model"] = str(Path(model).resolve())
     return cfg
@@ -273,21 +276,21 @@ def _parse_domain(key: str, spec: Any, path: Path) -> tuple[str, tuple[Any, ...]
     where = f"{path}: search_space[{key!r}]"
     forms = "{grid: [..]}, {choice: [..]}, {uniform: [lo, hi]}, {loguniform: [lo, hi]} or {randint: [lo, hi]}"
     if not isinstance(spec, Mapping) or len(spec) != 1 or next(iter(spec)) not in SPACE_KINDS:
-        raise ValueError(f"{where} must be one of {forms}, got {spec!r}")
+        raise ConfigError(f"{where} must be one of {forms}, got {spec!r}")
     kind, values = next(iter(spec.items()))
     if not isinstance(values, (list, tuple)) or not values:
-        raise ValueError(f"{where}: {kind} needs a non-empty list, got {values!r}")
+        raise ConfigError(f"{where}: {kind} needs a non-empty list, got {values!r}")
     if kind in ("grid", "choice"):
         return kind, tuple(values)
     if len(values) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{where}: {kind} needs [lo, hi] numbers, got {values!r}")
+        raise ConfigError(f"{where}: {kind} needs [lo, hi] numbers, got {values!r}")
     lo, hi = values
     if not lo < hi:
-        raise ValueError(f"{where}: {kind} needs lo < hi, got {values!r}")
+        raise ConfigError(f"{where}: {kind} needs lo < hi, got {values!r}")
     if kind == "loguniform" and lo <= 0:
-        raise ValueError(f"{where}: loguniform needs lo > 0, got {values!r}")
+        raise ConfigError(f"{where}: loguniform needs lo > 0, got {values!r}")
     if kind == "randint" and not (isinstance(lo, int) and isinstance(hi, int)):
-        raise ValueError(f"{where}: randint needs integer [lo, hi) bounds, got {values!r}")
+        raise ConfigError(f"{where}: randint needs integer [lo, hi) bounds, got {values!r}")
     return kind, (lo, hi)
 
 
@@ -315,7 +318,7 @@ def _check_trial(experiment: Mapping[str, Any], overrides: Mapping[str, Any], wh
     try:
         Experiment.from_dict(apply_overrides(experiment, overrides))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{where} is invalid: {e}") from None
+        raise ConfigError(f"{where} is invalid: {e}") from None
 
 
 def _check_val_metric(metric: str, experiment: Mapping[str, Any], path: Path) -> None:
@@ -324,14 +327,14 @@ def _check_val_metric(metric: str, experiment: Mapping[str, Any], path: Path) ->
         return
     p = build_params(experiment)
     if not p.test_freq or not p.val_before_train:
-        raise ValueError(f"{path}: metric {metric!r} needs validation from the first iteration on (Tune wants it in "
-                         f"every result): set starpo.test_freq >= 1 and starpo.val_before_train: true, got "
-                         f"test_freq={p.test_freq}, val_before_train={p.val_before_train}")
+        raise ConfigError(f"{path}: metric {metric!r} needs validation from the first iteration on (Tune wants it in "
+                          f"every result): set starpo.test_freq >= 1 and starpo.val_before_train: true, got "
+                          f"test_freq={p.test_freq}, val_before_train={p.val_before_train}")
     envs = p.val_envs or (p.env,)
     env = metric.split("/")[1] if metric.count("/") >= 2 else ""
     if env not in envs:
-        raise ValueError(f"{path}: metric {metric!r}: validation env {env!r} is not validated; "
-                         f"val metrics here: {[f'val/{e}/success' for e in envs]}")
+        raise ConfigError(f"{path}: metric {metric!r}: validation env {env!r} is not validated; "
+                          f"val metrics here: {[f'val/{e}/success' for e in envs]}")
 
 
 def _parse_scheduler(value: Any, iterations: int, path: Path) -> SchedulerSpec:
@@ -340,24 +343,25 @@ def _parse_scheduler(value: Any, iterations: int, path: Path) -> SchedulerSpec:
     if value == "asha":
         value = {"type": "asha"}
     if not isinstance(value, Mapping):
-        raise ValueError(f"{path}: 'scheduler' must be null, 'fifo', 'asha' or a mapping with 'type', got {value!r}")
-    unknown = sorted(set(value) - {"type", "grace_period", "reduction_factor"})
+        raise ConfigError(f"{path}: 'scheduler' must be null, 'fifo', 'asha' or a mapping with 'type', got {value!r}")
+    unknown = sorted(map(str, set(value) - {"type", "grace_period", "reduction_factor"}))
     if unknown:
-        raise ValueError(f"{path}: scheduler: unknown key(s) {unknown}; known: ['type', 'grace_period', "
-                         "'reduction_factor']")
+        raise ConfigError(f"{path}: scheduler: unknown key(s) {unknown}; known: ['type', 'grace_period', "
+                          "'reduction_factor']")
     kind = value.get("type", "fifo")
     if kind not in SCHEDULERS:
-        raise ValueError(f"{path}: scheduler.type must be one of {list(SCHEDULERS)}, got {kind!r}")
+        raise ConfigError(f"{path}: scheduler.type must be one of {list(SCHEDULERS)}, got {kind!r}")
     if kind == "fifo":
         if set(value) - {"type"}:
-            raise ValueError(f"{path}: scheduler: {sorted(set(value) - {'type'})} only apply to type 'asha'")
+            raise ConfigError(f"{path}: scheduler: {sorted(map(str, set(value) - {'type'}))} only apply to type "
+                              "'asha'")
         return SchedulerSpec()
     grace = _int(value.get("grace_period", 1), f"{path}: scheduler.grace_period", 1)
     if grace > iterations:
-        raise ValueError(f"{path}: scheduler.grace_period must be <= iterations ({iterations}), got {grace}")
+        raise ConfigError(f"{path}: scheduler.grace_period must be <= iterations ({iterations}), got {grace}")
     rf = value.get("reduction_factor", 2)
     if isinstance(rf, bool) or not isinstance(rf, (int, float)) or rf <= 1:
-        raise ValueError(f"{path}: scheduler.reduction_factor must be a number > 1, got {rf!r}")
+        raise ConfigError(f"{path}: scheduler.reduction_factor must be a number > 1, got {rf!r}")
     return SchedulerSpec("asha", grace, float(rf))
 
 
@@ -367,29 +371,30 @@ def _parse_echo_stop(value: Any, path: Path) -> EchoTrapStop | None:
     if value is True:
         return EchoTrapStop()
     if not isinstance(value, Mapping):
-        raise ValueError(f"{path}: 'echo_trap_stop' must be true, false or {{patience: int, signals: [...]}}, "
-                         f"got {value!r}")
-    unknown = sorted(set(value) - {"patience", "signals"})
+        raise ConfigError(f"{path}: 'echo_trap_stop' must be true, false or {{patience: int, signals: [...]}}, "
+                          f"got {value!r}")
+    unknown = sorted(map(str, set(value) - {"patience", "signals"}))
     if unknown:
-        raise ValueError(f"{path}: echo_trap_stop: unknown key(s) {unknown}; known: ['patience', 'signals']")
+        raise ConfigError(f"{path}: echo_trap_stop: unknown key(s) {unknown}; known: ['patience', 'signals']")
     patience = _int(value.get("patience", 2), f"{path}: echo_trap_stop.patience", 1)
     signals = value.get("signals", list(DEFAULT_STOP_SIGNALS))
-    if not isinstance(signals, (list, tuple)) or not signals or set(signals) - set(SIGNALS):
-        raise ValueError(f"{path}: echo_trap_stop.signals must be a non-empty list from {list(SIGNALS)}, "
-                         f"got {signals!r}")
+    if (not isinstance(signals, (list, tuple)) or not signals or not all(isinstance(x, str) for x in signals)
+            or set(signals) - set(SIGNALS)):
+        raise ConfigError(f"{path}: echo_trap_stop.signals must be a non-empty list from {list(SIGNALS)}, "
+                          f"got {signals!r}")
     return EchoTrapStop(patience, tuple(signals))
 
 
 def _parse_resources(value: Any, path: Path) -> dict[str, float]:
     value = _mapping(value, f"{path}: 'resources_per_trial'")
-    unknown = sorted(set(value) - {"cpu", "gpu"})
+    unknown = sorted(map(str, set(value) - {"cpu", "gpu"}))
     if unknown:
-        raise ValueError(f"{path}: resources_per_trial: unknown key(s) {unknown}; known: ['cpu', 'gpu']")
+        raise ConfigError(f"{path}: resources_per_trial: unknown key(s) {unknown}; known: ['cpu', 'gpu']")
     out = {"cpu": value.get("cpu", 1), "gpu": value.get("gpu", 0)}
     for k, v in out.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (k == "cpu" and v == 0):
-            raise ValueError(f"{path}: resources_per_trial.{k} must be a number {'> 0' if k == 'cpu' else '>= 0'}, "
-                             f"got {v!r}")
+            raise ConfigError(f"{path}: resources_per_trial.{k} must be a number {'> 0' if k == 'cpu' else '>= 0'}, "
+                              f"got {v!r}")
     return {k: float(v) for k, v in out.items()}
 
 
@@ -397,11 +402,11 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {value!r}")
+        raise ConfigError(f"{where} must be a mapping, got {value!r}")
     return dict(value)
 
 
 def _int(value: Any, where: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where} must be an int >= {minimum}, got {value!r}")
+        raise ConfigError(f"{where} must be an int >= {minimum}, got {value!r}")
     return value

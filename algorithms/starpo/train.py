@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -30,12 +31,24 @@ from ragen_rllib.algorithms.starpo.session import (
     export_hf,
     flat_metrics,
 )
+from ragen_rllib.console import (
+    LOGS_DIR,
+    log_summary,
+    log_warning,
+    progress,
+    reroute_libraries,
+    route_library_output,
+)
+from ragen_rllib.durable import CorruptFileError, DiskFullError, disk_full_reason, fsync_path
 
 __all__ = ["EVAL_PROTOCOL_FILE", "KEY_METRICS", "Experiment", "build_config", "build_params", "eval_protocol",
            "evaluate", "export_hf", "flat_metrics", "init_ray", "load_experiment", "load_resume_config", "train"]
 
 #: Ray system config of a local ``ray.init``: start workers on demand, not two idle ones up front.
 NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+#: Signals that stop a run gracefully: the iteration in progress ends, then checkpoint, export,
+#: MLflow run closed as KILLED; ``ragen-rllib train`` then exits with 128 + the signal number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_config(exp: Experiment | Mapping[str, Any], run_name: str):
@@ -95,24 +108,54 @@ def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, 
     checkpoint, and continues. Each MLflow step is logged once: iterations logged after the last
     checkpoint (``checkpoint_freq`` > 1) are redone but keep their first attempt's metrics in
     MLflow (tag ``resume_redone_steps``); with ``checkpoint_freq`` 1 nothing is ever redone.
+
+    SIGINT (Ctrl-C) or SIGTERM ends the run after the iteration in progress, as above but with
+    the MLflow run closed as ``KILLED``; the summary's ``stop_signal`` is that signal's number.
+
+    With a ``Console`` as ``log`` (the CLI), library output goes to ``<run>/logs/third_party.log``
+    (``ragen_rllib.console``) and progress is drawn as bars on a terminal.
+
+    Raises:
+        DiskFullError: a write found no room (one line naming the file and how to go on); the
+            MLflow run is closed as ``FAILED``, the previous checkpoint and Arrow files are intact.
+        CorruptFileError: ``resume=True`` and a checkpoint file is truncated or damaged.
     """
+    exp = cfg if isinstance(cfg, Experiment) else Experiment.from_dict(cfg)
+    run_path = Path(exp.run_dir) / (exp.run_name or time.strftime("starpo-%Y%m%d-%H%M%S"))
+    info = read_resume_info(run_path) if resume else None  # a bad --resume fails before the folder is written
+    try:
+        with route_library_output(log, run_path / LOGS_DIR):
+            return _run(exp, run_path.name, tracking_uri, log, info)
+    except Exception as e:  # any write, ours or a library's (its log file is in the run folder too)
+        if (full := _disk_full(e, run_path)) is not None:
+            raise full from e
+        raise
+
+
+def _run(exp: Experiment, run_name: str, tracking_uri: str | None, log: Callable[[str], None],
+         info: dict[str, Any] | None) -> dict[str, Any]:
+    """``train`` once the run's name is fixed and library output is routed (``info``: ``resume.json``
+    of a resumed run, else None)."""
     from ragen_rllib.tracking.memory import PeakMemory
     from ragen_rllib.tracking.mlflow_logger import MLflowTracker
 
-    exp = cfg if isinstance(cfg, Experiment) else Experiment.from_dict(cfg)
-    run_name = exp.run_name or time.strftime("starpo-%Y%m%d-%H%M%S")
     run_dir = Path(exp.run_dir)
     run_path = run_dir / run_name
-    info = read_resume_info(run_path) if resume else None
     memory = PeakMemory().start()  # this process and its descendants (local Ray, engine processes)
     init_ray(exp)
-    algo = build_config(exp, run_name).build_algo()
+    config = build_config(exp, run_name)
+    reroute_libraries(log)  # Ray and RLlib set up their logging when imported; vLLM, transformers, DeepSpeed do
+    algo = config.build_algo()
+    reroute_libraries(log)  # ... while the algorithm builds its learner and engine
     history: list[dict[str, float]] = []
     uri = tracking_uri or exp.tracking.tracking_uri
     if info is not None:
         ckpt = _checkpoint_dir(run_path)
-        algo.restore_from_path(str(ckpt.resolve()))
-        history = json.loads((ckpt / HISTORY_FILE).read_text())
+        history = read_checkpoint_history(ckpt)  # every file checked before RLlib unpickles any
+        try:
+            algo.restore_from_path(str(ckpt.resolve()))
+        except (EOFError, pickle.UnpicklingError) as e:  # damaged without a change of size
+            raise CorruptFileError(ckpt, f"cannot restore it: {type(e).__name__}: {e}") from e
         moved = algo.set_aside
         log(f"[resume] {run_name}: restored iteration {algo.iteration} (policy_version {algo.policy_version}) from "
             f"{ckpt}" + (f"; set aside {len(moved)} later Arrow file(s)" if moved else ""))
@@ -122,7 +165,8 @@ def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, 
                             tags=run_tags(exp, algo))
     session = Session(exp, algo, tracker, run_path, log, history=history, memory=memory)
     status = "FAILED"
-    prev = signal.getsignal(signal.SIGINT)
+    prev = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    stop: dict[str, int] = {}
     try:
         session.open(fresh=info is None)
         if info is None:
@@ -130,9 +174,10 @@ def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, 
             session.warm_up()
         else:
             _catch_up_resumed(session, algo.iteration)
-        stop = {"flag": False}
-        signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
+        for s in STOP_SIGNALS:  # SIGTERM (kill, a scheduler, a container stop) is handled like Ctrl-C
+            signal.signal(s, lambda signum, _frame: stop.setdefault("signal", signum))
         status, t_start, start = "FINISHED", time.perf_counter(), algo.iteration
+        bar = progress(log, total=exp.iterations, desc="RL iterations", initial=start)
         for i in range(start, exp.iterations):
             t0 = time.perf_counter()
             m = session.step(i, algo.train(), time.perf_counter() - t0)
@@ -140,11 +185,13 @@ def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, 
                 save_checkpoint(algo, run_path, session.history)
             session.log_step(i, m)
             eta = (time.perf_counter() - t_start) / (i + 1 - start) * (exp.iterations - i - 1)
-            log(session.progress_line(i, m, eta))
-            if stop["flag"]:
+            bar.step(session.progress_line(i, m, eta))  # a terminal: above the bar; else the line itself
+            if stop:
                 status = "KILLED"
-                log("interrupted: saving a checkpoint and closing the MLflow run")
+                log_warning(log, f"interrupted: saving a checkpoint and closing the MLflow run "
+                                 f"({signal.Signals(stop['signal']).name})")
                 break
+        bar.close()
         final_val = session.validate()
         ckpt = save_checkpoint(algo, run_path, session.history)
         hf_dir = session.export()
@@ -157,17 +204,18 @@ def train(cfg: Experiment | Mapping[str, Any], tracking_uri: str | None = None, 
         # metric sys/peak_rss_gb already holds the peak up to each iteration, and a metric step
         # after the last iteration would read as one more logged iteration to `--resume`.
         tracker.set_tags({k.replace("/", "."): f"{v:.3f}" for k, v in memory.metrics().items()})
-        log(f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
-            f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); "
-            f"trajectories: {algo.store.directory}; model: {hf_dir}; resume: ragen-rllib train --resume {run_name} "
-            f"--run-dir {run_dir}")
+        log_summary(log, f"MLflow: run {tracker.run_id} (browse: mlflow ui --backend-store-uri "
+                    f"{uri or 'sqlite:///' + str(run_dir / 'mlflow.db')}); trajectories: {algo.store.directory}; "
+                    f"model: {hf_dir}; resume: ragen-rllib train --resume {run_name} --run-dir {run_dir}")
         return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
-                "hf_model": str(hf_dir), "final": final_val, "history": session.history}
+                "hf_model": str(hf_dir), "final": final_val, "history": session.history,
+                "stop_signal": stop.get("signal")}
     except BaseException:
         status = "FAILED"
         raise
     finally:
-        signal.signal(signal.SIGINT, prev)
+        for s, handler in prev.items():
+            signal.signal(s, handler)
         memory.stop()
         session.close(status)
         algo.stop()
@@ -184,30 +232,40 @@ def _catch_up_resumed(session: Session, iteration: int) -> None:
     tracker.set_tags(tags)
     for step, m in enumerate(session.history):
         if step > logged:
+            session.log_trajectories(step)
             tracker.log_metrics(m, step=step)
     session.logged = max(logged, len(session.history) - 1)
 
 
 RESUME_FILE = "resume.json"
 HISTORY_FILE = "ragen_history.json"
+#: Size of every file of a checkpoint, written before ``HISTORY_FILE``; ``--resume`` checks them.
+MANIFEST_FILE = "ragen_manifest.json"
 
 
 def write_resume_info(run_path: Path, cfg: Mapping[str, Any], mlflow_run_id: str | None, uri: str | None) -> None:
     """What ``--resume`` needs besides the checkpoint: the resolved config and the MLflow run."""
-    run_path.mkdir(parents=True, exist_ok=True)
     tmp = run_path / (RESUME_FILE + ".tmp")
-    tmp.write_text(json.dumps({"config": json.loads(json.dumps(cfg, default=str)), "mlflow_run_id": mlflow_run_id,
-                               "tracking_uri": uri}, indent=2))
-    os.replace(tmp, run_path / RESUME_FILE)
+    try:
+        run_path.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"config": json.loads(json.dumps(cfg, default=str)),
+                                   "mlflow_run_id": mlflow_run_id, "tracking_uri": uri}, indent=2))
+        os.replace(tmp, run_path / RESUME_FILE)
+    except OSError as e:
+        if (reason := disk_full_reason(e)) is None:
+            raise
+        tmp.unlink(missing_ok=True)
+        raise DiskFullError(run_path / RESUME_FILE, reason) from e
 
 
 def read_resume_info(run_path: Path) -> dict[str, Any]:
-    """Read ``resume.json`` of a run folder; errors say what is missing."""
+    """Read ``resume.json`` of a run folder and check its checkpoint's files; errors say what is
+    missing, or name the damaged file (``CorruptFileError``)."""
     f = run_path / RESUME_FILE
     if not f.is_file():
         raise FileNotFoundError(f"cannot resume {str(run_path)!r}: no {RESUME_FILE} (not a ragen-rllib run folder?)")
-    _checkpoint_dir(run_path)  # raises if there is no checkpoint yet
-    return json.loads(f.read_text())
+    read_checkpoint_history(_checkpoint_dir(run_path))  # raises if there is no (intact) checkpoint yet
+    return _read_json(f)
 
 
 def load_resume_config(run_path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -225,20 +283,92 @@ def _checkpoint_dir(run_path: Path) -> Path:
     raise FileNotFoundError(f"cannot resume {str(run_path)!r}: no complete checkpoint in it yet")
 
 
+def read_checkpoint_history(ckpt: Path) -> list[dict[str, float]]:
+    """The metric history saved in checkpoint ``ckpt``, after checking that every file the
+    checkpoint was written with is there, at its written size (checkpoints written before
+    ``MANIFEST_FILE`` existed: the history only).
+
+    Raises:
+        CorruptFileError: names the first missing, truncated or unreadable file.
+    """
+    history = _read_json(ckpt / HISTORY_FILE)
+    if (ckpt / MANIFEST_FILE).is_file():
+        sizes = _read_json(ckpt / MANIFEST_FILE)
+        for rel, size in sorted(sizes.items()):
+            f = ckpt / rel
+            found = f.stat().st_size if f.is_file() else None
+            if found != size:
+                raise CorruptFileError(f, f"{'missing' if found is None else f'{found} bytes'}, the checkpoint "
+                                          f"was written with {size} bytes")
+    return history
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptFileError(path, f"not valid JSON ({e})") from e
+
+
 def save_checkpoint(algo: Any, run_path: Path, history: list[dict[str, float]]) -> Path:
-    """``algo.save_to_path`` + the metric history, published atomically as ``<run>/checkpoint``."""
+    """``algo.save_to_path`` + the metric history, published atomically as ``<run>/checkpoint``.
+
+    Written to ``<run>/checkpoint.tmp`` (every file fsynced, sizes in ``MANIFEST_FILE``, the
+    history last), then renamed into place. A write that finds the disk full deletes the partial
+    copy and raises ``DiskFullError``; the previous checkpoint is left as it was.
+    """
     import shutil
 
     final, tmp, old = run_path / "checkpoint", run_path / "checkpoint.tmp", run_path / "checkpoint.old"
     shutil.rmtree(tmp, ignore_errors=True)
-    algo.save_to_path(str(tmp.resolve()))
-    (tmp / HISTORY_FILE).write_text(json.dumps(history))  # written last: marks the checkpoint complete
+    try:
+        algo.save_to_path(str(tmp.resolve()))
+        files = sorted(f for f in tmp.rglob("*") if f.is_file())
+        for f in files:  # on disk before the rename publishes them
+            fsync_path(f)
+        (tmp / MANIFEST_FILE).write_text(json.dumps({f.relative_to(tmp).as_posix(): f.stat().st_size
+                                                     for f in files}))
+        (tmp / HISTORY_FILE).write_text(json.dumps(history))  # written last: marks the checkpoint complete
+        for f in (tmp / MANIFEST_FILE, tmp / HISTORY_FILE, *(d for d in tmp.rglob("*") if d.is_dir()), tmp):
+            fsync_path(f)
+    except Exception as e:
+        reason = disk_full_reason(e, run_path)  # before the partial copy is deleted and frees its space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if reason is None:
+            raise
+        raise DiskFullError(final, reason) from e
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+    fsync_path(run_path)  # the renames themselves
     return final
+
+
+def _disk_full(exc: Exception, run_path: Path) -> DiskFullError | None:
+    """``exc`` as one ``DiskFullError`` line that also says how to go on; None when the disk is not full.
+
+    A ``DiskFullError`` in the chain keeps its file (a later write, such as a log flush while the
+    error unwinds, may fail too).
+    """
+    named, seen = exc, set()
+    while named is not None and not isinstance(named, DiskFullError) and id(named) not in seen:
+        seen.add(id(named))
+        named = named.__cause__ or named.__context__
+    if isinstance(named, DiskFullError):
+        path, reason = named.path, named.reason
+    elif (reason := disk_full_reason(exc, run_path)) is not None:
+        path = getattr(exc, "filename", None) or run_path
+    else:
+        return None
+    try:
+        read_checkpoint_history(_checkpoint_dir(run_path))
+        then = (f"the last checkpoint is intact; free space, then: ragen-rllib train --resume {run_path.name} "
+                f"--run-dir {run_path.parent}")
+    except (FileNotFoundError, CorruptFileError):
+        then = "no checkpoint to resume from; free space and start the run again"
+    return DiskFullError(path, f"{reason} ({then})")
 
 
 #: ``evaluate`` policies: the model, or a demonstration policy of ``envs/demos.py`` (no model runs).

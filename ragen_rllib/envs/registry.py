@@ -90,15 +90,31 @@ def make_env(name: str, variant: str | None = None, **config: Any) -> TextEnv:
     """
     if variant is None and ":" in name:
         name, variant = name.split(":", 1)
+    return env_class(name)(make_env_config(name, variant, **config))
+
+
+def make_env_config(name: str, variant: str | None = None, **config: Any) -> Any:
+    """Build the validated config dataclass ``make_env`` would build, without building the env.
+
+    Cheap (no env is made): config loaders call it to check env names, variants and fields
+    before anything heavy starts.
+
+    Raises:
+        KeyError: unknown env or variant (the message lists the known ones).
+        ImportError: the env's entry point cannot be imported.
+        TypeError / ValueError: unknown config field or invalid value (names the field).
+    """
+    if variant is None and ":" in name:
+        name, variant = name.split(":", 1)
     cls = env_class(name)
     variant = variant or next(iter(cls.VARIANTS))
     if variant not in cls.VARIANTS:
         raise KeyError(f"env {name!r} has no variant {variant!r}; variants: {list(cls.VARIANTS)}")
     fields = {f for f in cls.Config.__dataclass_fields__}
-    unknown = sorted(set(config) - fields)
+    unknown = sorted(map(str, set(config) - fields))
     if unknown:
         raise TypeError(f"env {name!r}: unknown config field(s) {unknown}; fields: {sorted(fields)}")
-    return cls(cls.Config(**{**cls.VARIANTS[variant], **config}))
+    return cls.Config(**{**cls.VARIANTS[variant], **config})
 
 
 def snapshot() -> dict[str, str]:

@@ -22,6 +22,14 @@ imported lazily inside functions, so importing this module stays light.
   and rejected/missing tokens become a ``JobsError`` that says what to do.
 - **Address.** The explicit ``address`` wins: Ray's client would otherwise silently prefer
   ``RAY_API_SERVER_ADDRESS`` / ``RAY_ADDRESS`` from the environment.
+- **What is uploaded.** Ray packs ``working_dir`` minus the ``excludes`` (``DEFAULT_EXCLUDES``
+  plus the caller's), Ray's own default excludes, and what ``.gitignore`` / ``.rayignore`` files
+  in each folder ignore. Ray skips ``.gitignore`` when ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1``;
+  ``submit_training`` clears that variable while it submits, so ``.gitignore`` always counts.
+  Credentials (``SECRET_EXCLUDES``: ``.env``, ``*.pem``, ``*.key``, ``.netrc``, Ray's
+  ``auth_token`` ...) are excluded whatever ``excludes`` says: they come last in the pattern
+  list, so no ``!pattern`` before them re-includes them. ``upload_manifest`` lists the files
+  with Ray's own packaging code, without a cluster.
 
 Example::
 
@@ -35,6 +43,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import time
@@ -61,6 +70,13 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
     "*.safetensors", "*.gguf", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.parquet", "*.arrow",
     "/ragen_rllib", "/algorithms", "/env_runners",
 )
+#: Never uploaded, whatever ``excludes`` says (appended after them; see the module docstring).
+SECRET_EXCLUDES: tuple[str, ...] = (
+    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", ".netrc", "_netrc", "auth_token",
+    ".git-credentials", ".pypirc", ".ssh", ".aws",
+)
+#: Set to "1", Ray ignores ``.gitignore`` files when it packs the working dir.
+RAY_IGNORE_GITIGNORE_ENV = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
 DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"
 #: Read by the job's supervisor actor (it gets the job's env_vars): how `stop_job` ends the driver.
 STOP_ENV_DEFAULTS = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
@@ -92,6 +108,28 @@ def current_job_id(environ: Mapping[str, str] | None = None) -> str | None:
 def new_submission_id(prefix: str = "ragen") -> str:
     """A fresh, readable submission id, e.g. ``ragen-20261130-113700-3f9a1c``."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def check_address(address: str) -> None:
+    """Refuse an address the job client cannot use, before any connection is tried.
+
+    Accepted: the dashboard URL ``http(s)://host[:port]`` (what ``--address`` documents), and
+    Ray's own cluster forms ``ray://host:port``, ``host:port`` and ``auto``.
+
+    Raises:
+        ValueError: one line naming the address and the expected form.
+    """
+    parsed = urlparse(address) if "://" in address else None
+    if address == "auto" or (parsed is None and re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", address)):
+        return
+    try:
+        ok = parsed is not None and parsed.scheme in ("http", "https", "ray") and bool(parsed.hostname)
+        ok = ok and (parsed.port is not None or parsed.scheme != "ray")  # .port raises on a bad port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"address {address!r} is not a Ray dashboard URL; give e.g. --address "
+                         "http://127.0.0.1:8265 (the head node's dashboard, port 8265 by default)")
 
 
 def training_entrypoint(config: str, profile: str | None = None, overrides: Sequence[str] = (),
@@ -135,7 +173,61 @@ def training_runtime_env(working_dir: str | Path, submission_id: str, env_vars: 
     commit = get_git_commit(wd)  # the upload has no .git: the driver tags its MLflow run from this
     if commit and GIT_COMMIT_ENV not in env:
         env[GIT_COMMIT_ENV] = commit
-    return {"working_dir": str(wd), "excludes": list(excludes), "env_vars": env}
+    return {"working_dir": str(wd), "excludes": [*excludes, *secret_excludes(wd)], "env_vars": env}
+
+
+def secret_excludes(working_dir: str | Path) -> list[str]:
+    """``SECRET_EXCLUDES``, plus the Ray token file (``RAY_AUTH_TOKEN_PATH``, else
+    ``~/.ray/auth_token``) anchored at its path when it lies inside ``working_dir``."""
+    out = list(SECRET_EXCLUDES)
+    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or DEFAULT_TOKEN_PATH).expanduser()
+    with contextlib.suppress(ValueError, OSError):  # ValueError: outside working_dir
+        out.append("/" + token.resolve().relative_to(Path(working_dir).expanduser().resolve()).as_posix())
+    return out
+
+
+@contextlib.contextmanager
+def _gitignore_honoured() -> Iterator[None]:
+    """Clear ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE`` for the block, so Ray's packing reads ``.gitignore``."""
+    saved = os.environ.pop(RAY_IGNORE_GITIGNORE_ENV, None)
+    if saved == "1":
+        logger.warning("%s=1 is ignored by ragen-rllib submit: .gitignore always applies to the upload",
+                       RAY_IGNORE_GITIGNORE_ENV)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[RAY_IGNORE_GITIGNORE_ENV] = saved
+
+
+def upload_manifest(working_dir: str | Path, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> list[str]:
+    """The files a training job's upload of ``working_dir`` would hold, sorted (``/``-separated,
+    relative to ``working_dir``).
+
+    Built with Ray's own code: the runtime env of ``training_runtime_env``, Ray's exclude
+    resolution (``upload_working_dir_if_needed``) and its packer (``create_package``), into a
+    temporary zip whose names are read back. Nothing is sent anywhere.
+    """
+    import tempfile
+    import zipfile
+
+    from ray._private.runtime_env.packaging import create_package
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    runtime_env = training_runtime_env(working_dir, "manifest", excludes=excludes)
+    names: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp, _gitignore_honoured():
+        # Read as Ray's job client reads it when it packs (JobSubmissionClient._upload_working_dir_if_needed).
+        include_gitignore = os.environ.get(RAY_IGNORE_GITIGNORE_ENV, "0") != "1"
+
+        def pack(path: str, excludes: list[str] | None = None, is_file: bool = False) -> None:
+            target = Path(tmp) / "upload.zip"
+            create_package(path, target, include_gitignore=include_gitignore, excludes=excludes)
+            with zipfile.ZipFile(target) as z:
+                names.extend(n for n in z.namelist() if not n.endswith("/"))
+
+        upload_working_dir_if_needed(runtime_env, include_gitignore=include_gitignore, upload_fn=pack)
+    return sorted(names)
 
 
 def _resolve_config(config: str | Path, working_dir: Path) -> str:
@@ -279,7 +371,7 @@ def submit_training(address: str, config: str | Path, profile: str | None = None
     cfg_path = _resolve_config(config, wd)
     overrides = [*overrides, *_absolute_path_overrides(wd / cfg_path, profile, overrides, wd)]
     entrypoint = training_entrypoint(cfg_path, profile, overrides, tracking_uri, run_name, python)
-    with _job_server(address, "submit") as client:
+    with _job_server(address, "submit") as client, _gitignore_honoured():  # submit_job packs and uploads
         return client.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=runtime_env,
                                  metadata={"ragen_rllib_config": str(config)})
 

@@ -1,4 +1,5 @@
-"""Experiment tracking: MLflow logging, Echo-Trap warning signals, learning-curve plots.
+"""Experiment tracking: MLflow logging, Echo-Trap warning signals, learning-curve plots, and the
+self-contained HTML run report (``tracking.report``, imported on its own).
 
 Import-light: mlflow is imported only inside ``mlflow_logger``'s functions and matplotlib only
 inside ``plots.plot_curves``; importing this package loads neither.

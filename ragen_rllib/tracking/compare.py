@@ -1,6 +1,7 @@
 """Compare the MLflow runs of an experiment (or the trials of one sweep): table and plot.
 
-``ragen-rllib compare EXPERIMENT`` is built from three pieces:
+``ragen-rllib compare EXPERIMENT`` (or ``compare [EXPERIMENT] --tag key=value ...``: the runs
+carrying every given tag, in that experiment or across all of them) is built from three pieces:
 
 - ``compare_runs``: reads the runs from MLflow (through ``mlflow_logger``, the only module that
   talks to MLflow) and returns one ``RunRow`` per run: the params that differ between the runs,
@@ -38,6 +39,8 @@ ITERATION_KEY = "time/iteration"
 IGNORED_PARAMS = frozenset({"source"})
 MODES = ("max", "min")
 MISSING = "-"
+#: Where ``log_comparison`` puts a comparison of runs picked by tag alone (no experiment named).
+COMPARE_EXPERIMENT = "ragen-compare"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,49 @@ def format_table(rows: Sequence[RunRow], metric: str, mode: str = "max") -> str:
     return "\n".join(out)
 
 
+def parse_tags(items: Sequence[str]) -> dict[str, str]:
+    """``["key=value", ...]`` (``--tag``) -> ``{key: value}``; the value may contain ``=``.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--tag expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def tag_filter(tags: Mapping[str, str]) -> str:
+    """MLflow search filter matching runs that carry every tag with exactly that value.
+
+    ``{"ragen.kind": "trial", "env": "bandit"}`` -> ``tags.`ragen.kind` = 'trial' and tags.`env` = 'bandit'``
+    (backticks let keys contain dots; a value holding ``'`` is double-quoted instead).
+
+    Raises:
+        ValueError: a key holding a backtick, or a value holding both quote characters (MLflow's
+            search syntax has no escapes).
+    """
+    clauses = []
+    for key, value in tags.items():
+        if "`" in key:
+            raise ValueError(f"tag key {key!r}: MLflow search cannot match keys containing '`'")
+        if "'" in value and '"' in value:
+            raise ValueError(f"tag {key}={value!r}: MLflow search cannot match values containing both ' and \"")
+        quote = '"' if "'" in value else "'"
+        clauses.append(f"tags.`{key}` = {quote}{value}{quote}")
+    return " and ".join(clauses)
+
+
+def comparison_name(experiment: str | None, tags: Mapping[str, str] | None = None) -> str:
+    """A file-name-safe label for a comparison: ``ragen-bandit``, ``ragen-bandit_env-bandit``,
+    ``tagged_env-bandit`` (tags without an experiment)."""
+    parts = [experiment or ("tagged" if tags else "all")] + [f"{k}-{v}" for k, v in sorted((tags or {}).items())]
+    return _safe("_".join(parts))
+
+
 def select_runs(runs: Sequence[Mapping[str, Any]], parent_run_id: str | None = None) -> list[Mapping[str, Any]]:
     """Pick the runs to compare from ``find_runs`` dicts, oldest first.
 
@@ -144,29 +190,33 @@ def select_runs(runs: Sequence[Mapping[str, Any]], parent_run_id: str | None = N
     return sorted(picked, key=lambda r: (r.get("start_time") or 0, r["run_id"]))
 
 
-def compare_runs(tracking_uri: str, experiment: str, metric: str = "rollout/success", *,
-                 parent_run_id: str | None = None, mode: str = "max") -> list[RunRow]:
-    """Read the runs of ``experiment`` (or one sweep's trials) and build the comparison rows.
+def compare_runs(tracking_uri: str, experiment: str | None, metric: str = "rollout/success", *,
+                 parent_run_id: str | None = None, mode: str = "max",
+                 tags: Mapping[str, str] | None = None) -> list[RunRow]:
+    """Read the runs of ``experiment`` (or one sweep's trials, or the runs with given tags) and
+    build the comparison rows.
 
     Args:
         tracking_uri: the MLflow store (``sqlite:///runs/mlflow.db`` for the default run folder).
-        experiment: MLflow experiment name (e.g. ``ragen-bandit``).
+        experiment: MLflow experiment name (e.g. ``ragen-bandit``); None: every experiment (then
+            ``tags`` should narrow the runs down).
         metric: the metric whose best / final values and curves are compared.
         parent_run_id: compare only this sweep's trials (see ``select_runs``).
         mode: ``max`` (success, return) or ``min`` (a loss).
+        tags: only runs carrying every one of these tags with exactly this value (``tag_filter``).
 
     Returns:
         One ``RunRow`` per run, oldest first; ``[]`` when the experiment has no matching runs.
 
     Raises:
-        ValueError: bad ``mode``, or ``parent_run_id`` given but no run of ``experiment`` has it
-            as parent (the message lists the sweep runs that exist).
+        ValueError: bad ``mode`` or tag, or ``parent_run_id`` given but no run of ``experiment`` has
+            it as parent (the message lists the sweep runs that exist).
     """
     from ragen_rllib.tracking.mlflow_logger import find_runs, get_timed_metric_history
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    all_runs = find_runs(tracking_uri, experiment)
+    all_runs = find_runs(tracking_uri, experiment, filter_string=tag_filter(tags or {}))
     runs = select_runs(all_runs, parent_run_id)
     if parent_run_id and not runs:
         sweeps = [f"{r['run_id']} ({r['run_name']})" for r in all_runs if r["tags"].get(KIND_TAG) == "sweep"]

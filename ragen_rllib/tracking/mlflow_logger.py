@@ -25,6 +25,13 @@
   block a training step for minutes while a server is down; unless the environment already sets
   them, the tracker sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2``, ``..._BACKOFF_FACTOR=1`` and
   ``..._TIMEOUT=10`` (``HTTP_ENV_DEFAULTS``).
+- **Lineage.** ``log_dataset`` records a file (an iteration's trajectory Parquet) as a dataset
+  input of the run: source = the file's path, digest = the first 32 hex digits of its SHA-256
+  (MLflow allows 36 characters), read in chunks and never parsed. ``register_model`` adds the
+  exported model to the Model Registry as a new version whose source is the run's logged
+  artifact (``runs:/<run_id>/hf_model``), or the local folder when it was not logged;
+  ``resolve_model_uri`` turns ``models:/<name>/<version>`` back into a local folder. Both go
+  through the same buffer as metrics, so a registration waits for its artifact upload.
 
 Example::
 
@@ -49,7 +56,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -84,6 +91,13 @@ HTTP_ENV_DEFAULTS = {
 }
 RUN_STATUSES = ("FINISHED", "KILLED", "FAILED")
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
+#: MLflow's input tag holding a dataset's role (``mlflow.utils.mlflow_tags.MLFLOW_DATASET_CONTEXT``).
+DATASET_CONTEXT_TAG = "mlflow.data.context"
+#: Hex digits of the SHA-256 kept as a dataset digest (MLflow stores at most 36 characters).
+DATASET_DIGEST_CHARS = 32
+#: Run tag set by ``register_model``: the ``models:/<name>/<version>`` URI of the registered model.
+REGISTERED_MODEL_TAG = "registered_model"
+_HASH_CHUNK = 1 << 20  # bytes read at a time when hashing a file
 
 # MlflowException error codes that retrying cannot fix; anything else counts as transient.
 _PERMANENT_ERROR_CODES = frozenset({
@@ -98,6 +112,43 @@ _LOCAL_SCHEMES = ("", "sqlite", "file")
 def default_tracking_uri(local_dir: str | os.PathLike) -> str:
     """Return ``sqlite:///<abs local_dir>/mlflow.db``, the store used when no URI is given."""
     return "sqlite:///" + str((Path(local_dir) / DB_FILE).resolve())
+
+
+def check_tracking_uri(uri: str, open_store: bool = False) -> None:
+    """Refuse a tracking URI whose scheme MLflow has no store for (``bogus://x``).
+
+    Looks the scheme up in MLflow's tracking-store registry (built-in stores and plugins). Nothing
+    is opened or created, so this runs before anything heavy starts. ``open_store=True`` also
+    builds the store (for readers of an existing store: a folder store MLflow refuses fails here).
+
+    Raises:
+        ValueError: one line naming the URI and the supported schemes (or MLflow's reason).
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:  # MLflow's registry is not public API: when it moves, skip the check rather than refuse
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+
+        schemes = sorted(s for s in registry._registry if s)
+    except (ImportError, AttributeError):
+        return
+    try:
+        registry.get_store_builder(uri)
+    except MlflowException:
+        raise ValueError(f"tracking URI {uri!r}: MLflow has no store for it; use sqlite:///<path>/mlflow.db, a "
+                         f"folder, or http(s)://<server> (schemes: {schemes})") from None
+    if open_store:
+        try:
+            registry.get_store(uri)
+        except MlflowException as e:
+            raise ValueError(f"tracking URI {uri!r}: {' '.join(str(e).split())}") from None
+
+
+def experiment_names(tracking_uri: str) -> list[str]:
+    """Return the names of the active experiments in the store, sorted."""
+    from mlflow.tracking import MlflowClient
+
+    return sorted(e.name for e in MlflowClient(tracking_uri=tracking_uri).search_experiments())
 
 
 def sanitize_key(key: str) -> str:
@@ -161,14 +212,16 @@ def get_git_commit(repo_dir: str | os.PathLike) -> str | None:
     return commit if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
 
 
-def find_runs(tracking_uri: str, experiment: str, filter_string: str = "", max_results: int = 1000,
-              order_by: list[str] | None = None) -> list[dict[str, Any]]:
-    """Search the runs of one experiment; return plain dicts, newest first.
+def find_runs(tracking_uri: str, experiment: str | Sequence[str] | None, filter_string: str = "",
+              max_results: int = 1000, order_by: list[str] | None = None) -> list[dict[str, Any]]:
+    """Search the runs of one experiment (or several, or all); return plain dicts, newest first.
 
     Args:
         tracking_uri: the store (``default_tracking_uri(run_dir)`` for a local run folder).
-        experiment: experiment name; an unknown name gives ``[]``.
-        filter_string: MLflow search syntax, e.g. ``"params.env = 'bandit' and metrics.rollout/success > 0.5"``.
+        experiment: experiment name, a list of names, or None for every active experiment of the
+            store; unknown names are skipped (only unknown names: ``[]``).
+        filter_string: MLflow search syntax, e.g. ``"params.env = 'bandit' and metrics.rollout/success > 0.5"``
+            or ``"tags.`ragen.kind` = 'trial'"`` (backticks quote keys with dots).
         max_results: at most this many runs.
         order_by: MLflow ``order_by`` clauses; default start time, newest first.
 
@@ -180,10 +233,14 @@ def find_runs(tracking_uri: str, experiment: str, filter_string: str = "", max_r
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    if experiment is None:
+        ids = [e.experiment_id for e in client.search_experiments()]  # active ones only
+    else:
+        names = [experiment] if isinstance(experiment, str) else list(experiment)
+        ids = [e.experiment_id for e in map(client.get_experiment_by_name, names) if e is not None]
+    if not ids:
         return []
-    runs = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=max_results,
+    runs = client.search_runs(ids, filter_string=filter_string, max_results=max_results,
                               order_by=order_by or ["attributes.start_time DESC"])
     return [{
         "run_id": r.info.run_id,
@@ -237,6 +294,145 @@ def log_artifact_to_run(tracking_uri: str, run_id: str, path: str | os.PathLike,
     from mlflow.tracking import MlflowClient
 
     MlflowClient(tracking_uri=tracking_uri).log_artifact(run_id, str(path), artifact_path)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Return the hex SHA-256 of a file's bytes, read in 1 MiB chunks (the file is not parsed)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def registered_model_name(experiment: str) -> str:
+    """Map an experiment name onto a valid Model Registry name (no ``/`` or ``:``).
+
+    ``ragen-bandit`` stays as it is; ``/Users/me/exp`` becomes ``Users-me-exp``.
+    """
+    name = re.sub(r"[/:]+", "-", str(experiment)).strip("-").strip()
+    return name if name and set(name) != {"."} else "model"
+
+
+def parse_models_uri(uri: str) -> tuple[str, str]:
+    """Split a registry URI into ``(name, reference)``.
+
+    Accepted forms: ``models:/<name>/<version>`` (reference ``"3"``), ``models:/<name>/latest``
+    (``"latest"``, the highest version) and ``models:/<name>@<alias>`` (``"@<alias>"``).
+
+    Raises:
+        ValueError: anything else (stages such as ``/Production`` are not supported).
+    """
+    rest = uri[len("models:/"):] if uri.startswith("models:/") else None
+    if rest is not None and "@" in rest:
+        name, _, alias = rest.partition("@")
+        ref = "@" + alias
+    elif rest is not None and "/" in rest:
+        name, _, ref = rest.rpartition("/")
+    else:
+        name, ref = "", ""
+    ok_ref = ref == "latest" or ref.isdigit() or (ref.startswith("@") and len(ref) > 1)
+    if not name or "/" in name or "'" in name or not ok_ref:
+        raise ValueError(f"model URI {uri!r}: expected models:/<name>/<version>, models:/<name>/latest or "
+                         "models:/<name>@<alias>")
+    return name, ref
+
+
+def resolve_model_uri(model_uri: str, tracking_uri: str, download_dir: str | os.PathLike) -> Path:
+    """Turn ``models:/<name>/<version|latest>`` or ``models:/<name>@<alias>`` into a local model folder.
+
+    A version whose source is on this machine (a local artifact store, or a local folder
+    registered without uploading it) is used in place: nothing is copied. Anything else (an
+    artifact proxied by a tracking server, object storage) is downloaded once to
+    ``<download_dir>/<name>/v<version>-<hash of the source>`` and reused by later calls.
+
+    Args:
+        model_uri: the registry URI (``parse_models_uri``).
+        tracking_uri: the store holding the registry (also its registry URI).
+        download_dir: parent folder for downloads of non-local sources.
+
+    Returns:
+        The model folder (with ``config.json``).
+
+    Raises:
+        ValueError: a malformed URI.
+        FileNotFoundError: no such registered model, version or alias (the message lists the
+            versions that exist), or the registered local folder is gone.
+        RuntimeError: the registry cannot be read (e.g. the tracking server is unreachable).
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    name, ref = parse_models_uri(model_uri)
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        if ref == "latest":
+            found = client.search_model_versions(f"name = '{name}'", max_results=1,
+                                                 order_by=["version_number DESC"])
+            if not found:
+                raise FileNotFoundError(f"{model_uri}: no versions of registered model {name!r} at {tracking_uri}")
+            mv = found[0]
+        elif ref.startswith("@"):
+            mv = client.get_model_version_by_alias(name, ref[1:])
+        else:
+            mv = client.get_model_version(name, ref)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise RuntimeError(f"{model_uri}: cannot read the model registry at {tracking_uri}: "
+                               f"{_short(e)}") from None
+        try:
+            versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+        except MlflowException:
+            versions = []
+        known = f"versions of {name!r}: {versions}" if versions else f"no registered model {name!r}"
+        raise FileNotFoundError(f"{model_uri} not found at {tracking_uri} ({known})") from None
+    uri = mv.source
+    if uri.startswith("runs:/"):
+        from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+        uri = RunsArtifactRepository.get_underlying_uri(uri, tracking_uri)
+    elif uri.startswith("models:/"):  # an MLflow 3 logged model
+        uri = client.get_model_version_download_uri(name, mv.version)
+    local = _local_path(uri)
+    if local is not None:
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"{model_uri} (version {mv.version}) points at {local}, which holds no "
+                                    "config.json (moved or deleted?)")
+        return local
+    dest = Path(download_dir) / name / f"v{mv.version}-{hashlib.sha1(mv.source.encode()).hexdigest()[:8]}"
+    if dest.is_dir():  # published by a rename: complete
+        return dest
+    import shutil
+
+    import mlflow.artifacts
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp),
+                                                       tracking_uri=tracking_uri))
+        try:
+            got.rename(dest)  # same filesystem: the finished folder appears at once
+        except OSError:
+            if not dest.is_dir():  # else another process published the same download first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _local_path(uri: str) -> Path | None:
+    """The filesystem path of a ``file://`` URI or a plain path; None for any other scheme."""
+    from urllib.request import url2pathname
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):  # a Windows drive letter
+        return Path(uri)
+    return None
 
 
 def flush_pending(local_dir: str | os.PathLike, tracking_uri: str | None = None) -> int:
@@ -502,6 +698,77 @@ class MLflowTracker:
         self._submit({"kind": "artifact", "run_id": self._run_id, "local_path": str(p),
                       "artifact_path": artifact_path, "staged": False})
 
+    def log_dataset(self, path: str | os.PathLike, *, name: str | None = None, context: str = "training",
+                    tags: Mapping[str, Any] | None = None, profile: Mapping[str, Any] | None = None) -> str:
+        """Record a local file as a dataset input of the run (lineage); the file is not uploaded.
+
+        The dataset's source is the file's absolute path (MLflow source type ``local``); its digest
+        is the first ``DATASET_DIGEST_CHARS`` hex digits of the SHA-256 of the file's bytes, hashed
+        now (a later rewrite of the file does not change what was recorded). Logging the same
+        name and digest twice to a run adds nothing.
+
+        Args:
+            path: the file, e.g. ``<run>/trajectories/iter_000003.parquet``.
+            name: dataset name (default: the file name).
+            context: the input's role, as MLflow's ``mlflow.data.context`` input tag.
+            tags: more input tags, e.g. ``{"iteration": 3}`` (values stringified).
+            profile: summary shown with the dataset, e.g. ``{"num_rows": 64}``; ``sha256`` and
+                ``num_bytes`` are added.
+
+        Returns:
+            The digest.
+
+        Raises:
+            FileNotFoundError: if ``path`` is not a file.
+        """
+        self._require_run()
+        p = Path(path).resolve()
+        if not p.is_file():
+            raise FileNotFoundError(f"log_dataset: no such file: {p}")
+        sha = file_sha256(p)
+        digest = sha[:DATASET_DIGEST_CHARS]
+        prof = {**dict(profile or {}), "sha256": sha, "num_bytes": p.stat().st_size}
+        input_tags = [[DATASET_CONTEXT_TAG, str(context)]] + [[str(k), str(v)] for k, v in (tags or {}).items()]
+        self._submit({"kind": "dataset", "run_id": self._run_id, "name": name or p.name, "digest": digest,
+                      "source_type": "local", "source": json.dumps({"uri": str(p)}),
+                      "profile": json.dumps(prof, default=str), "tags": input_tags})
+        return digest
+
+    def register_model(self, name: str, *, artifact_path: str | None = None,
+                       local_path: str | os.PathLike | None = None,
+                       tags: Mapping[str, Any] | None = None) -> str | None:
+        """Register a model folder of this run as a new version of registered model ``name``.
+
+        The version's source is ``runs:/<run_id>/<artifact_path>`` when the folder was logged as
+        that artifact (``log_artifact``; nothing is copied again), else the local folder
+        ``local_path`` as a ``file://`` URI (nothing is uploaded: fine for a local store; a tracking
+        server refuses local sources outside the run's artifacts, and the refusal is written to
+        ``mlflow_rejected.jsonl``). The registered model is created if missing; the run gets the
+        tag ``registered_model = models:/<name>/<version>``.
+
+        Args:
+            name: registered model name; made valid with ``registered_model_name``.
+            artifact_path: the folder's artifact path in this run (e.g. ``"hf_model"``).
+            local_path: the folder on this machine (used when ``artifact_path`` is None).
+            tags: model version tags.
+
+        Returns:
+            ``models:/<name>/<version>``, or None while the store is unreachable (the registration
+            is buffered and sent, in order, after the pending artifact uploads).
+
+        Raises:
+            ValueError: neither ``artifact_path`` nor ``local_path`` given.
+        """
+        self._require_run()
+        if artifact_path:
+            source = f"runs:/{self._run_id}/{artifact_path.strip('/')}"
+        elif local_path is not None:
+            source = Path(local_path).resolve().as_uri()
+        else:
+            raise ValueError("register_model needs artifact_path (a logged folder) or local_path")
+        return self._submit({"kind": "register", "run_id": self._run_id, "name": registered_model_name(name),
+                             "source": source, "tags": [[str(k), str(v)] for k, v in (tags or {}).items()]})
+
     def flush(self) -> bool:
         """Retry all pending records now. Returns True when nothing is left pending."""
         with self._lock:
@@ -559,21 +826,25 @@ class MLflowTracker:
                 logger.warning("MLflow keys %r and %r both map to %r; the later value wins", owner, key, out)
         return out
 
-    def _submit(self, record: dict[str, Any]) -> None:
-        """Send one record now, or buffer it (keeping order) if the store is unreachable."""
+    def _submit(self, record: dict[str, Any]) -> Any:
+        """Send one record now, or buffer it (keeping order) if the store is unreachable.
+
+        Returns what the sender returned (``register``: the ``models:/`` URI), None when buffered.
+        """
         with self._lock:
             if self._pending and not self._flush_pending(force=False):
                 self._buffer(record)
-                return
+                return None
             try:
-                self._send(record)
+                result = self._send(record)
             except Exception as exc:  # noqa: BLE001 - never let tracking stop training
                 self._on_failure(record, exc)
-            else:
-                self._cleanup(record)
+                return None
+            self._cleanup(record)
+            return result
 
-    def _send(self, record: dict[str, Any]) -> None:
-        self._sender(record)
+    def _send(self, record: dict[str, Any]) -> Any:
+        return self._sender(record)
 
     def _flush_pending(self, force: bool) -> bool:
         if not self._pending:
@@ -701,12 +972,16 @@ class _MlflowSender:
     - ``{"kind": "artifact", "run_id", "local_path", "artifact_path", "staged"}`` (``staged``: a
       copy the tracker wrote under ``mlflow_staged_artifacts/`` and deletes once uploaded)
     - ``{"kind": "end", "run_id", "status", "end_time"}``
+    - ``{"kind": "dataset", "run_id", "name", "digest", "source_type", "source", "profile",
+      "tags": [[key, value], ...]}`` (the fields of ``mlflow.entities.Dataset``, input tags)
+    - ``{"kind": "register", "run_id", "name", "source", "tags": [[key, value], ...]}``; returns
+      ``models:/<name>/<version>``
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: dict[str, Any]) -> Any:
         from mlflow.entities import Metric, Param, RunTag
 
         client, run_id, kind = self.client, record["run_id"], record["kind"]
@@ -723,8 +998,32 @@ class _MlflowSender:
                 client.log_artifact(run_id, str(path), record["artifact_path"])
         elif kind == "end":
             client.set_terminated(run_id, status=record["status"], end_time=record["end_time"])
+        elif kind == "dataset":
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            dataset = Dataset(name=record["name"], digest=record["digest"], source_type=record["source_type"],
+                              source=record["source"], profile=record.get("profile"))
+            client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag(k, v) for k, v in record["tags"]])])
+        elif kind == "register":
+            return self._register(record)
         else:
             raise ValueError(f"unknown tracking record kind {kind!r}")
+        return None
+
+    def _register(self, record: dict[str, Any]) -> str:
+        from mlflow.exceptions import MlflowException
+
+        client, name = self.client, record["name"]
+        try:
+            client.create_registered_model(name)
+        except MlflowException as e:  # registered by an earlier run (or an earlier attempt of this one)
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        mv = client.create_model_version(name, record["source"], run_id=record["run_id"],
+                                         tags=dict(record["tags"]) or None)
+        uri = f"models:/{name}/{mv.version}"
+        client.set_tag(record["run_id"], REGISTERED_MODEL_TAG, uri)
+        return uri
 
 
 def _children(obj: Any):

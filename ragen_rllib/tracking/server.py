@@ -21,6 +21,10 @@ Choices:
   and a 2-core machine cannot spare. Startup then takes ~4-7 s instead of ~11 s (2 cores).
 - **Restartable.** ``restart()`` starts a new server on the same host, port and stores (an
   outage followed by recovery); the log file is appended to, not truncated.
+- **Local by default.** The server binds ``127.0.0.1`` (``DEFAULT_HOST``) unless a ``host`` is
+  given: MLflow's server has no authentication, so reaching it from other machines is a
+  decision to make explicitly (``host="0.0.0.0"``, behind a firewall or a proxy with auth).
+  ``server_command`` builds the command line.
 """
 
 from __future__ import annotations
@@ -40,11 +44,28 @@ from pathlib import Path
 
 #: Set in the server's environment unless ``env`` overrides it (see the module docstring).
 SERVER_ENV_DEFAULTS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+#: Interface the server binds unless told otherwise: this machine only.
+DEFAULT_HOST = "127.0.0.1"
 #: How many trailing characters of the server log a startup error shows.
 LOG_TAIL_CHARS = 4000
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def server_command(backend_uri: str, artifacts_dir: str | os.PathLike, port: int, host: str = DEFAULT_HOST,
+                   workers: int = 1, python: str = sys.executable) -> list[str]:
+    """The ``mlflow server`` command line (argv) that ``MlflowServer.start`` runs.
+
+    Args:
+        backend_uri: the backend store (``--backend-store-uri``).
+        artifacts_dir: the proxied artifact folder (``--artifacts-destination``).
+        port: TCP port. host: interface to bind (default ``127.0.0.1``: this machine only).
+        workers: uvicorn workers. python: the interpreter that has mlflow installed.
+    """
+    return [python, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+            "--artifacts-destination", str(artifacts_dir), "--host", host, "--port", str(port),
+            "--workers", str(workers)]
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
     """Return a TCP port on ``host`` that was free a moment ago (the OS picks it).
 
     Another process may take it before the caller binds it; ``start_mlflow_server`` checks again.
@@ -133,9 +154,7 @@ class MlflowServer:
             raise RuntimeError(f"mlflow server: port {self.port} on {self.host} is already in use")
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_uri,
-               "--artifacts-destination", str(self.artifacts_dir), "--host", self.host, "--port", str(self.port),
-               "--workers", str(self.workers)]
+        cmd = server_command(self.backend_uri, self.artifacts_dir, self.port, self.host, self.workers)
         env = {**os.environ, **SERVER_ENV_DEFAULTS, **self._env}
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
@@ -218,7 +237,7 @@ class MlflowServer:
                            f"(last: {last_err}); log {self.log_path}:\n{self.log_tail()}")
 
 
-def start_mlflow_server(backend_uri: str, artifacts_dir: str | os.PathLike, host: str = "127.0.0.1",
+def start_mlflow_server(backend_uri: str, artifacts_dir: str | os.PathLike, host: str = DEFAULT_HOST,
                         port: int | None = None, *, log_path: str | os.PathLike | None = None, workers: int = 1,
                         env: Mapping[str, str] | None = None, startup_timeout_s: float = 120.0) -> MlflowServer:
     """Launch ``mlflow server`` as a separate process group and wait until it is healthy.

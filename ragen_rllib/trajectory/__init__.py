@@ -12,6 +12,7 @@ from ragen_rllib.trajectory.batch import (
     to_padded_tensors,
     validate_table,
     with_kept,
+    with_token_advantages,
 )
 from ragen_rllib.trajectory.schema import SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, TOKEN_ALIGNED, TURN_ALIGNED, Col
 from ragen_rllib.trajectory.store import TrajectoryStore, list_runs, read_run
@@ -34,4 +35,5 @@ __all__ = [
     "to_padded_tensors",
     "validate_table",
     "with_kept",
+    "with_token_advantages",
 ]

@@ -60,7 +60,7 @@ def validate_table(table: pa.Table) -> pa.Table:
     4. Per row: the token-aligned lists (``TOKEN_ALIGNED``) have one length L; the turn-aligned
        lists (``TURN_ALIGNED``) have length ``num_turns``; ``loss_mask`` values are in {0, 1};
        ``num_sampled_tokens == sum(loss_mask)``; ``sample_logprobs`` is 0 where ``loss_mask`` is
-       0 and never NaN.
+       0 and never NaN; ``token_advantages``, where not null, has length L and no NaN.
 
     Args:
         table: Candidate trajectory table, B rows.
@@ -170,6 +170,24 @@ def _check_row_invariants(table: pa.Table) -> None:
         i = _first_row(bad)
         raise ValueError(f"column {Col.SAMPLE_LOGPROBS!r} row {parents[i]}: {logprobs[i]} at a token with "
                          f"{Col.LOSS_MASK}=0 (must be 0 where the mask is 0)")
+    _check_token_advantages(table, lengths)
+
+
+def _check_token_advantages(table: pa.Table, lengths: np.ndarray) -> None:
+    """``token_advantages`` (nullable per row): length L where present, never NaN."""
+    col = table[Col.TOKEN_ADVANTAGES]
+    if col.null_count == table.num_rows:
+        return
+    present = ~col.is_null().to_numpy(zero_copy_only=False)  # (B,)
+    got = _list_lengths(col)
+    if (bad := present & (got != lengths)).any():
+        row = _first_row(bad)
+        raise ValueError(f"column {Col.TOKEN_ADVANTAGES!r} row {row}: length {got[row]} != "
+                         f"{Col.TOKEN_IDS!r} length {lengths[row]}")
+    values = _np(pc.list_flatten(col))
+    if (bad := np.isnan(values)).any():
+        row = int(np.repeat(np.arange(table.num_rows), got)[_first_row(bad)])
+        raise ValueError(f"column {Col.TOKEN_ADVANTAGES!r} row {row}: NaN advantage")
 
 
 def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -192,7 +210,7 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
 
     Args:
         rows: B mappings keyed by ``Col`` names. Every column is required except the nullable
-            ones (``Col.KEPT``), which default to null. List values may be Python lists or 1-D
+            ones (``Col.KEPT``, ``Col.TOKEN_ADVANTAGES``), which default to null. List values may be Python lists or 1-D
             numpy arrays (converted to the schema's element type).
 
     Returns:
@@ -280,6 +298,41 @@ def with_kept(table: pa.Table, kept_group_ids: Iterable[int]) -> pa.Table:
     """
     kept = _group_mask(table, kept_group_ids)
     return table.set_column(table.schema.get_field_index(Col.KEPT), SCHEMA.field(Col.KEPT), kept)
+
+
+def with_token_advantages(table: pa.Table, advantages: Sequence[np.ndarray | None]) -> pa.Table:
+    """Set the ``token_advantages`` column: each row's per-token advantages, or null.
+
+    Args:
+        table: Trajectory table, B rows.
+        advantages: B entries: a 1-D float array of at least the row's L values (the first L are
+            kept, so rows of a (B, T) right-padded batch can be passed as they are; advantages at
+            padding are dropped), or None for a row the update did not train on.
+
+    Returns:
+        The table with ``token_advantages`` replaced (float32); all other columns and the metadata
+        unchanged.
+
+    Raises:
+        ValueError: ``advantages`` has not B entries, an entry is shorter than its row, or holds NaN.
+    """
+    if len(advantages) != table.num_rows:
+        raise ValueError(f"{len(advantages)} advantage rows for a table of {table.num_rows} rows")
+    lengths = _list_lengths(table[Col.TOKEN_IDS])  # (B,)
+    values: list[np.ndarray | None] = []
+    for row, (adv, n) in enumerate(zip(advantages, lengths, strict=True)):
+        if adv is None:
+            values.append(None)
+            continue
+        adv = np.asarray(adv, dtype=np.float32).reshape(-1)
+        if adv.size < n:
+            raise ValueError(f"row {row}: {adv.size} advantages for {n} tokens")
+        if np.isnan(adv[:n]).any():
+            raise ValueError(f"row {row}: NaN advantage")
+        values.append(adv[:n])
+    field = SCHEMA.field(Col.TOKEN_ADVANTAGES)
+    return table.set_column(table.schema.get_field_index(Col.TOKEN_ADVANTAGES), field,
+                            pa.array(values, type=field.type))
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 #: Key of the schema version in the Arrow/Parquet schema metadata.
 SCHEMA_VERSION_KEY = b"ragen_rllib.trajectory_schema_version"
+#: Versions whose files the store still reads. Version 1 lacks ``token_advantages`` only (a
+#: nullable column added in version 2); its files read with that column null.
+READABLE_VERSIONS = ("1", SCHEMA_VERSION)
 
 
 class Col:
@@ -61,6 +64,10 @@ class Col:
     DROPPED_CONTEXT_TURNS = "dropped_context_turns"  # int32: most turns dropped from any prompt of the episode
     # --- added by the learner (null until then)
     KEPT = "kept"  # bool, nullable: the StarPO-S filter kept this row's group
+    # list<float32> (L,), nullable: the advantage of each token as the update used it (unitless;
+    # whitened for GAE), 0 where loss_mask is 0; null for rows the update did not train on
+    # (a filtered-out group) and until the update has run. Not in TOKEN_ALIGNED: it may be null.
+    TOKEN_ADVANTAGES = "token_advantages"
 
 
 SCHEMA: pa.Schema = pa.schema(
@@ -100,6 +107,7 @@ SCHEMA: pa.Schema = pa.schema(
         pa.field(Col.CONTEXT_TRUNCATED, pa.bool_(), nullable=False),
         pa.field(Col.DROPPED_CONTEXT_TURNS, pa.int32(), nullable=False),
         pa.field(Col.KEPT, pa.bool_(), nullable=True),
+        pa.field(Col.TOKEN_ADVANTAGES, pa.list_(pa.float32()), nullable=True),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

@@ -36,8 +36,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ragen_rllib.durable import CorruptFileError, DiskFullError, disk_full_reason, one_line
 from ragen_rllib.trajectory.batch import validate_table
-from ragen_rllib.trajectory.schema import SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, Col
+from ragen_rllib.trajectory.schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, Col
 
 #: Subdirectory of a run directory that holds the iteration files.
 TRAJECTORIES_DIR = "trajectories"
@@ -115,6 +116,7 @@ class TrajectoryStore:
         Raises:
             FileExistsError: The iteration is already stored and ``overwrite`` is False.
             ValueError: The table is invalid, or a row's ``run_id``/``iteration`` differs.
+            DiskFullError: No room for the file; a previous file of ``iteration`` is left as it was.
         """
         final = self.path_for(iteration)
         if not overwrite and final.exists():
@@ -124,18 +126,24 @@ class TrajectoryStore:
         _check_constant(table, Col.RUN_ID, self.run_id)
         _check_constant(table, Col.ITERATION, int(iteration))
 
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=".partial", dir=self.directory)
-        os.close(fd)
-        tmp = Path(tmp_name)
         try:
-            _write_parquet(table, tmp)
-            _fsync_file(tmp)
-            _publish(tmp, final, overwrite=overwrite)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=".partial",
+                                            dir=self.directory)
+            os.close(fd)
+            tmp = Path(tmp_name)
+            try:
+                _write_parquet(table, tmp)
+                _fsync_file(tmp)
+                _publish(tmp, final, overwrite=overwrite)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
+        except OSError as e:  # the file under the final name, if any, is the previous complete one
+            if (reason := disk_full_reason(e)) is None:
+                raise
+            raise DiskFullError(final, reason) from e
         _fsync_dir(self.directory)  # make the rename itself durable
         return final
 
@@ -218,7 +226,10 @@ class TrajectoryStore:
 
         Raises:
             FileNotFoundError: A requested iteration is not stored.
-            ValueError: A file carries a different schema version.
+            ValueError: A file carries a schema version not in ``READABLE_VERSIONS`` (a file of
+                an older readable version gets nulls in the columns it lacks).
+            CorruptFileError: A selected file is truncated or damaged (a ``ValueError`` naming it);
+                it is never skipped.
         """
         wanted = self.iterations() if iterations is None else sorted({int(i) for i in iterations})
         paths = [self.path_for(i) for i in wanted]
@@ -227,8 +238,15 @@ class TrajectoryStore:
                                     f"(stored: {_summarise(self.iterations())})")
         for path in paths:
             _check_file_version(path)
-        dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
-        return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+        try:
+            dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
+            return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+        except _UNREADABLE as e:  # a damaged page deep inside one file: name that file
+            if isinstance(e, FileNotFoundError):
+                raise
+            for path in paths:
+                _read_whole(path)
+            raise
 
     def read_iteration(self, iteration: int) -> pa.Table:
         """Read one iteration's table (schema exactly ``SCHEMA``).
@@ -343,11 +361,32 @@ def _check_constant(table: pa.Table, name: str, value: str | int) -> None:
                          f"(every row must belong to the run/iteration being written)")
 
 
+# What pyarrow raises on a truncated or damaged Parquet file (ArrowInvalid is also a ValueError).
+_UNREADABLE = (pa.ArrowException, OSError)
+
+
+def _read_whole(path: Path) -> None:
+    """Decode every page of ``path``, or raise ``CorruptFileError`` naming it."""
+    try:
+        pq.read_table(path)
+    except FileNotFoundError:
+        raise
+    except _UNREADABLE as e:
+        raise CorruptFileError(path, f"{type(e).__name__}: {one_line(str(e))}") from e
+
+
 def _check_file_version(path: Path) -> None:
-    version = (pq.read_schema(path).metadata or {}).get(SCHEMA_VERSION_KEY)
-    if version is None or version.decode() != SCHEMA_VERSION:
+    try:
+        meta = pq.read_schema(path).metadata
+    except FileNotFoundError:
+        raise
+    except _UNREADABLE as e:  # a truncated file has no footer, so no schema
+        raise CorruptFileError(path, f"{type(e).__name__}: {one_line(str(e))}") from e
+    version = (meta or {}).get(SCHEMA_VERSION_KEY)
+    if version is None or version.decode() not in READABLE_VERSIONS:
         found = None if version is None else version.decode()
-        raise ValueError(f"{path}: schema version {found!r}, this code reads {SCHEMA_VERSION!r}")
+        raise ValueError(f"{path}: schema version {found!r}, this code reads {list(READABLE_VERSIONS)} "
+                         f"(writes {SCHEMA_VERSION!r})")
 
 
 def _summarise(iterations: list[int]) -> str:

@@ -8,6 +8,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,125 @@ def test_plot_logged_as_artifact(run_dir: Path, tmp_path: Path) -> None:
     rows = [{"step": s, "rollout/success": s / 4} for s in range(4)]
     assert plot_curves(rows, ["rollout/success", "absent"], tmp_path / "rows.png") is not None
     assert plot_curves(rows, ["absent"], tmp_path / "none.png") is None
+
+
+def _inputs_by_iteration(client: MlflowClient, run_id: str) -> dict[str, Any]:
+    """``{iteration tag: DatasetInput}`` of a run's dataset inputs."""
+    out = {}
+    for di in client.get_run(run_id).inputs.dataset_inputs:
+        tags = {t.key: t.value for t in di.tags}
+        out[tags["iteration"]] = di
+    return out
+
+
+def test_trajectory_files_become_dataset_inputs(run_dir: Path, tmp_path: Path) -> None:
+    """Each iteration's Parquet file is a ``training`` dataset input: its path as source, the SHA-256
+    of its bytes as digest, the iteration as input tag; logging it again adds nothing."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
+    from ragen_rllib.algorithms.starpo.session import Session
+    from ragen_rllib.trajectory.store import TrajectoryStore
+
+    store = TrajectoryStore(tmp_path / "store", "run-a")
+    store.directory.mkdir(parents=True)
+    for i, rows in ((0, 3), (1, 5)):  # any Parquet file will do: only its bytes and row count are read
+        pq.write_table(pa.table({"x": list(range(rows))}), store.path_for(i))
+
+    class _Algo:
+        pass
+
+    algo = _Algo()
+    algo.store = store
+    exp = Experiment.from_dict({"preset": "starpo_s", "starpo": {"env": "bandit"}})
+    with MLflowTracker(None, "lineage", local_dir=run_dir) as t:
+        session = Session(exp, algo, t, tmp_path / "run-a", log=lambda _: None)
+        for i in (0, 1):
+            session.log_step(i, {"rollout/success": 0.5})
+        session.log_trajectories(1)  # again: the same name and digest are one input
+        session.log_trajectories(7)  # no such file: nothing
+        run_id = t.run_id
+
+    inputs = _inputs_by_iteration(MlflowClient(default_tracking_uri(run_dir)), run_id)
+    assert sorted(inputs) == ["0", "1"]
+    for i, rows in ((0, 3), (1, 5)):
+        path = store.path_for(i)
+        di = inputs[str(i)]
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert json.loads(di.dataset.source) == {"uri": str(path.resolve())}
+        assert di.dataset.source_type == "local" and di.dataset.digest == sha[:32]
+        assert di.dataset.name == f"run-a/iter_00000{i}"
+        assert {t.key: t.value for t in di.tags}["mlflow.data.context"] == "training"
+        profile = json.loads(di.dataset.profile)
+        assert profile["num_rows"] == rows and profile["sha256"] == sha and profile["num_bytes"] == path.stat().st_size
+    assert len(MlflowClient(default_tracking_uri(run_dir)).get_run(run_id).inputs.dataset_inputs) == 2
+
+
+def test_dataset_and_registration_survive_an_outage(run_dir: Path, tmp_path: Path) -> None:
+    """Dataset inputs and model registrations buffered while the store is down replay in order."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "iter_000000.parquet"
+    data.write_bytes(b"PAR1 not really parquet PAR1")
+    with MLflowTracker(None, "outage", local_dir=run_dir) as t:
+        run_id = t.run_id
+
+    def down(record: dict) -> None:
+        raise ConnectionError("server gone")
+
+    offline = MLflowTracker(None, "outage", run_id=run_id, local_dir=run_dir, sender=down).start()
+    digest = offline.log_dataset(data, tags={"iteration": 0})
+    offline.log_artifact(model, "hf_model")
+    assert offline.register_model("outage", artifact_path="hf_model") is None  # buffered: no version yet
+    offline.end()
+    assert flush_pending(run_dir) == 0
+
+    client = MlflowClient(default_tracking_uri(run_dir))
+    (di,) = client.get_run(run_id).inputs.dataset_inputs
+    assert di.dataset.digest == digest and json.loads(di.dataset.source)["uri"] == str(data.resolve())
+    (mv,) = client.search_model_versions("name = 'outage'")
+    assert mv.source == f"runs:/{run_id}/hf_model" and mv.run_id == run_id
+    assert client.get_run(run_id).data.tags["registered_model"] == "models:/outage/1"
+
+
+def test_register_model_then_resolve_without_copying(run_dir: Path, tmp_path: Path) -> None:
+    """A logged model folder registers as ``runs:/<id>/hf_model`` and resolves to the artifact folder
+    in the local store (nothing copied); an unlogged one registers its own folder; ``latest`` and
+    aliases resolve; unknown versions and malformed URIs are clear errors."""
+    from ragen_rllib.tracking.mlflow_logger import parse_models_uri, registered_model_name, resolve_model_uri
+
+    model = tmp_path / "hf_model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    with MLflowTracker(None, "team/reg:exp", local_dir=run_dir) as t:
+        t.log_artifact(model, "hf_model")
+        first = t.register_model("team/reg:exp", artifact_path="hf_model", tags={"env": "bandit"})
+        second = t.register_model("team/reg:exp", local_path=model)
+        run_id = t.run_id
+    name = registered_model_name("team/reg:exp")
+    assert name == "team-reg-exp" and first == f"models:/{name}/1" and second == f"models:/{name}/2"
+    uri = default_tracking_uri(run_dir)
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).data.tags["registered_model"] == second
+    assert client.get_model_version(name, "1").tags == {"env": "bandit"}
+
+    downloads = tmp_path / "downloads"
+    v1 = resolve_model_uri(first, uri, downloads)
+    assert v1.is_relative_to(run_dir / ARTIFACTS_DIR) and (v1 / "config.json").read_text() == '{"model_type": "llama"}'
+    assert resolve_model_uri(f"models:/{name}/latest", uri, downloads) == model.resolve()
+    client.set_registered_model_alias(name, "best", "1")
+    assert resolve_model_uri(f"models:/{name}@best", uri, downloads) == v1
+    assert not downloads.exists()  # local sources are used in place
+
+    with pytest.raises(FileNotFoundError, match=r"versions of 'team-reg-exp': \[1, 2\]"):
+        resolve_model_uri(f"models:/{name}/9", uri, downloads)
+    with pytest.raises(FileNotFoundError, match="no registered model 'nope'"):
+        resolve_model_uri("models:/nope/1", uri, downloads)
+    for bad in ("models:/x/Production", "runs:/abc/hf_model", "models:/x", "models:/x@"):
+        with pytest.raises(ValueError, match="expected models:/<name>/<version>"):
+            parse_models_uri(bad)
+    assert parse_models_uri("models:/a-b/12") == ("a-b", "12") and parse_models_uri("models:/a@prod") == ("a", "@prod")

@@ -86,6 +86,16 @@ def test_train_against_mlflow_server(server: MlflowServer, tiny_model_dir: Path,
                                                     str(tmp_path / "dl"))).read_text())
     assert cfg["iterations"] == ITERATIONS and cfg["starpo"]["env"] == "bandit" and cfg["run_name"] == "srv"
     assert list((tmp_path / "server" / "artifacts").rglob("resolved.json"))
+    # Lineage and registry through the server: one dataset input per iteration; the registered
+    # model (its source the proxied artifact) downloads once into the cache, then is reused.
+    assert len(run.inputs.dataset_inputs) == ITERATIONS
+    from ragen_rllib.tracking.mlflow_logger import resolve_model_uri
+
+    assert tags["registered_model"] == "models:/server-test/1"
+    local = resolve_model_uri("models:/server-test/1", server.uri, tmp_path / "registry")
+    assert local.is_relative_to(tmp_path / "registry") and (local / "model.safetensors").is_file()
+    assert resolve_model_uri("models:/server-test/latest", server.uri, tmp_path / "registry") == local
+    assert [p.name for p in (tmp_path / "registry" / "server-test").iterdir()] == [local.name]
     # Nothing went to a local store or stayed pending.
     runs = tmp_path / "runs"
     assert not (runs / "mlflow.db").exists() and not (runs / PENDING_FILE).exists()

@@ -9,7 +9,8 @@ from ragen_rllib.trajectory.schema import Col
 
 @pytest.mark.parametrize("preset,adv,critic,extra", [
     ("starpo_s", "gae", "value_head", {}), ("starpo_s", "gae", "separate", {}), ("starpo", "grpo", "value_head", {}),
-    ("starpo_s", "gae", "value_head", {"bi_level_gae": True, "use_turn_scores": True})])
+    ("starpo_s", "gae", "value_head", {"bi_level_gae": True, "use_turn_scores": True}),
+    ("starpo_s", "gae", "value_head", {"reuse_update_forward": False})])  # advantages before the update
 def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path, preset, adv, critic, extra) -> None:
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
@@ -36,5 +37,13 @@ def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path,
     assert None not in kept
     expected_groups = 1 if preset == "starpo_s" else 4  # floor(0.25 * 4) = 1 group kept vs keep-all
     assert sum(kept) == expected_groups * 2
+    for row in table.to_pylist():  # the advantages the update used, stored on the rows it trained on
+        token_adv = row[Col.TOKEN_ADVANTAGES]
+        assert (token_adv is None) == (not row[Col.KEPT]), (row[Col.KEPT], token_adv)
+        if token_adv is not None:
+            assert len(token_adv) == len(row[Col.TOKEN_IDS])
+            assert all(a == 0 for a, m in zip(token_adv, row[Col.LOSS_MASK], strict=True) if not m)
+            if adv == "gae":  # whitened over the batch's sampled tokens: not all zero
+                assert any(a != 0 for a in token_adv)
     if adv == "gae":  # the critic trains: value loss and explained variance are logged
         assert any(k.startswith("critic/vf_loss") for k in r), sorted(r)[:40]

@@ -3,6 +3,7 @@ MLflow (sqlite), Arrow store, checkpoint + Hugging Face export, eval reproducing
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import subprocess
@@ -29,6 +30,12 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     assert ((run / "trajectories" / "iter_000000.parquet").is_file()
             and (run / "trajectories" / "iter_000001.parquet").is_file())
     assert (run / "hf_model" / "model.safetensors").is_file() and (run / "learning_curves.png").is_file()
+    # The console has the project's lines (one per warm-up step without a terminal); Ray's and
+    # MLflow's logs are in the run's log file.
+    assert "[warm-up 3/3]" in p.stdout
+    library_log = (run / "logs" / "third_party.log").read_text()
+    for line in ("Started a local Ray instance", "Creating initial MLflow database tables"):
+        assert line in library_log and line not in p.stdout + p.stderr, line
     final = {ln.split()[1]: float(ln.split()[-1]) for ln in p.stdout.splitlines() if ln.startswith("final val/")}
 
     from ragen_rllib.tracking.mlflow_logger import find_runs
@@ -46,6 +53,18 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     logged = {f.path for f in client.list_artifacts(runs[0]["run_id"], "hf_model")}
     assert {"hf_model/model.safetensors", "hf_model/config.json", "hf_model/ragen_eval_protocol.json"} <= logged
+    # Lineage: each iteration's Parquet file is a training input of the run (its path, a hash of its bytes).
+    inputs = {next(t.value for t in di.tags if t.key == "iteration"): di.dataset
+              for di in client.get_run(runs[0]["run_id"]).inputs.dataset_inputs}
+    assert sorted(inputs) == ["0", "1"]
+    for i in (0, 1):
+        parquet = run / "trajectories" / f"iter_00000{i}.parquet"
+        assert json.loads(inputs[str(i)].source)["uri"] == str(parquet.resolve())
+        assert inputs[str(i)].digest == hashlib.sha256(parquet.read_bytes()).hexdigest()[:32]
+    # The exported model is version 1 of the registered model named after the experiment.
+    (version,) = client.search_model_versions("name = 'test-train'")
+    assert str(version.version) == "1" and version.source == f"runs:/{runs[0]['run_id']}/hf_model"
+    assert runs[0]["tags"]["registered_model"] == "models:/test-train/1"
 
     from ragen_rllib.cli import main
 
@@ -53,6 +72,12 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     assert main(["eval", "--checkpoint", str(run)], out=buf) == 0
     line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit [model]:"))
     assert f"success {final['val/bandit/success']:.3f}" in line  # the HF engine's per-prompt seeds reproduce it
+    # The registry URI resolves to the logged artifact (no copy) and evaluates the same model.
+    buf = io.StringIO()
+    assert main(["eval", "--model", "models:/test-train/latest", "--tracking-uri",
+                 f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}", "--json", str(tmp_path / "reg.json")], out=buf) == 0
+    assert next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit [model]:")) == line
+    assert json.loads((tmp_path / "reg.json").read_text())["registered_model"] == "models:/test-train/latest"
     proto = json.loads((run / "hf_model" / "ragen_eval_protocol.json").read_text())
     assert proto["val_temperature"] == 1.0 and proto["val_groups"] == 8
 

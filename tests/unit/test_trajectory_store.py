@@ -41,6 +41,7 @@ from ragen_rllib.trajectory import (
     to_padded_tensors,
     validate_table,
     with_kept,
+    with_token_advantages,
 )
 from ragen_rllib.trajectory import store as store_module
 
@@ -174,6 +175,7 @@ def big_table(run_id: str, iteration: int, n_rows: int, tokens_per_row: int) -> 
         Col.CONTEXT_TRUNCATED: np.zeros(n_rows, bool),
         Col.DROPPED_CONTEXT_TURNS: np.zeros(n_rows, np.int32),
         Col.KEPT: pa.nulls(n_rows, pa.bool_()),
+        Col.TOKEN_ADVANTAGES: pa.nulls(n_rows, pa.list_(pa.float32())),
     }
     return validate_table(pa.Table.from_pydict(columns, schema=SCHEMA))
 
@@ -201,7 +203,8 @@ def test_rows_round_trip() -> None:
     rows = make_rows()
     table = rows_to_table(rows)
     assert table[Col.KEPT].null_count == 6  # omitted -> null
-    assert table_to_rows(table) == [{**r, Col.KEPT: None} for r in rows]
+    assert table[Col.TOKEN_ADVANTAGES].null_count == 6
+    assert table_to_rows(table) == [{**r, Col.KEPT: None, Col.TOKEN_ADVANTAGES: None} for r in rows]
     assert rows_to_table(table_to_rows(table)).equals(table, check_metadata=True)
 
 
@@ -570,6 +573,45 @@ def test_take_groups_and_with_kept() -> None:
         with_kept(table, [7])
 
 
+def test_with_token_advantages_sets_kept_rows_and_nulls() -> None:
+    table = make_table(0)  # 6 rows, groups 0 and 1
+    lengths = pc.list_value_length(table[Col.TOKEN_IDS]).to_pylist()
+    padded = np.zeros((2, max(lengths) + 3), np.float32)  # (K_rows, T) with padding past every row
+    padded[0, :3], padded[1, :2] = [0.5, -1.0, 2.0], [0.25, -0.25]
+    adv = [padded[0], None, None, padded[1], None, None]
+    out = with_token_advantages(table, adv)
+    assert out.schema.equals(SCHEMA, check_metadata=True)
+    got = out[Col.TOKEN_ADVANTAGES].to_pylist()
+    assert got[1] is None and got[2] is None
+    assert len(got[0]) == lengths[0] and got[0][:3] == [0.5, -1.0, 2.0]  # padding cut to the row's L
+    assert len(got[3]) == lengths[3] and got[3][:2] == [0.25, -0.25]
+    assert validate_table(out).equals(out)
+    assert out.drop_columns([Col.TOKEN_ADVANTAGES]).equals(table.drop_columns([Col.TOKEN_ADVANTAGES]))
+    with pytest.raises(ValueError, match="5 advantage rows for a table of 6"):
+        with_token_advantages(table, adv[:5])
+    with pytest.raises(ValueError, match=rf"row 0: 2 advantages for {lengths[0]} tokens"):
+        with_token_advantages(table, [np.zeros(2)] + [None] * 5)
+
+
+def test_validate_rejects_token_advantages_of_the_wrong_length() -> None:
+    table = make_table(0)
+    wrong = pa.array([[0.0]] + [None] * 5, pa.list_(pa.float32()))
+    bad = table.set_column(table.schema.get_field_index(Col.TOKEN_ADVANTAGES), Col.TOKEN_ADVANTAGES, wrong)
+    with pytest.raises(ValueError, match=rf"column '{Col.TOKEN_ADVANTAGES}' row 0: length 1"):
+        validate_table(bad)
+
+
+def test_store_reads_version_1_files_without_token_advantages(store: TrajectoryStore) -> None:
+    """Version 1 had every column but token_advantages: its files read with that column null."""
+    table = make_table(0)
+    old = table.drop_columns([Col.TOKEN_ADVANTAGES]).replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"})
+    store.directory.mkdir(parents=True)
+    pq.write_table(old, store.path_for(0))
+    got = store.read()
+    assert got.schema.equals(SCHEMA) and got[Col.TOKEN_ADVANTAGES].null_count == 6
+    assert got.drop_columns([Col.TOKEN_ADVANTAGES]).equals(table.drop_columns([Col.TOKEN_ADVANTAGES]))
+
+
 def test_to_padded_tensors() -> None:
     import torch
 
@@ -606,7 +648,8 @@ def test_to_padded_tensors() -> None:
 
 def test_schema_constants_cover_list_columns() -> None:
     lists = {f.name for f in SCHEMA if pa.types.is_list(f.type)}
-    assert lists == set(TOKEN_ALIGNED) | set(TURN_ALIGNED)
+    # token_advantages is token-aligned where present, but nullable: checked on its own
+    assert lists == set(TOKEN_ALIGNED) | set(TURN_ALIGNED) | {Col.TOKEN_ADVANTAGES}
 
 
 def test_trajectory_package_is_import_light() -> None:

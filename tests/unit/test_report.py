@@ -1,0 +1,178 @@
+"""The run report (``ragen_rllib.tracking.report``) on a synthetic run folder: real FrozenLake
+trajectories from the rollout loop (scripted engine), written by the project's store, plus a
+metrics file; no browser needed (tests/integration/test_report_browser.py renders one)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.tracking import report as R
+from ragen_rllib.trajectory import TrajectoryStore, rows_to_table, with_kept, with_token_advantages
+from ragen_rllib.trajectory.schema import Col
+
+from fakes import CharTokenizer, ScriptedEngine
+
+TOK = CharTokenizer()
+MOVES = ("Right", "Down", "Left", "Up")
+
+
+def _reply(prompt: str, call: int, row: int) -> str:
+    return f"go</think><answer>{MOVES[(row + call) % 4]}</answer>"
+
+
+def _decode(ids: list[int]) -> list[str]:
+    return [TOK.decode([i]) for i in ids]
+
+
+def make_run(root: Path, name: str = "r1", iterations: int = 2) -> Path:
+    """A run folder: ``iterations`` x 2 FrozenLake groups x 2 samples (group 0 kept, with token
+    advantages), metrics.jsonl with stage times, validation and an Echo-Trap flag, resume.json."""
+    store = TrajectoryStore(root, name)
+    spec = RolloutSpec("frozen_lake", group_size=2, max_turns=2)
+    for it in range(iterations):
+        rows = RolloutLoop(ScriptedEngine(TOK, _reply), TOK, spec).run([(10 * it, 7), (10 * it + 1, 8)], run_id=name,
+                                                                       iteration=it, sampling_seed=it).rows
+        table = with_kept(rows_to_table(rows), [10 * it])
+        adv = [np.asarray(r[Col.LOSS_MASK], np.float32) * (0.5 if r[Col.SAMPLE_IDX] == 0 else -0.5)
+               if r[Col.GROUP_ID] == 10 * it else None for r in rows]
+        store.write(it, with_token_advantages(table, adv))
+    run = store.run_dir
+    for i in range(iterations):
+        R.append_metrics(run, i, {"rollout/success": 0.25, "filter/std_all_mean": 0.5 / (1 + 9 * i),
+                                  "actor/entropy": 2.0 - i, "actor/grad_norm": 1.0 + i,
+                                  "rollout/response_length_mean": 30.0, "time/sample": 2.0, "time/generate": 1.5,
+                                  "time/update": 1.0, "time/iteration": 3.5, "echo/std_collapse": float(i == 1),
+                                  "val/frozen_lake/success": 0.5, "val/frozen_lake/success_ci95": 0.3})
+    R.append_metrics(run, iterations, {"val/frozen_lake/success": 0.75, "val/frozen_lake/success_ci95": 0.2},
+                     final=True)
+    (run / "resume.json").write_text(json.dumps({"config": {"preset": "starpo_s", "iterations": iterations,
+                                                            "starpo": {"env": "frozen_lake", "model": "m",
+                                                                       "val_groups": 4, "val_group_size": 2}}}))
+    return run
+
+
+def episode_json(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="episode-data">(.*?)</script>', page, re.S)
+    assert m, "no embedded episode data"
+    return json.loads(m.group(1))
+
+
+def test_intervals_hand_computed() -> None:
+    # Wilson, k=0, n=8: z^2/n = 0.4802, centre = (z^2/16)/1.4802 = 0.16221 = half -> (0, 0.32442)
+    lo, hi = R.wilson_interval(0, 8)
+    assert lo == 0.0 and hi == pytest.approx(0.32442, abs=1e-4)
+    # k=5, n=10: centre 0.5, half = 1.96 * sqrt(0.025 + 0.009604) / 1.38416 = 0.26341
+    assert R.wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-4)
+    assert R.wilson_interval(0, 0) == (0.0, 1.0)
+    # [1, 2, 3]: mean 2, sd 1, se 1/sqrt(3) = 0.57735, 1.96 se = 1.13161
+    assert R.mean_interval([1.0, 2.0, 3.0]) == pytest.approx((2.0, 0.86839, 3.13161), abs=1e-4)
+    assert R.mean_interval([4.0]) == (4.0, 4.0, 4.0)
+
+
+def test_report_of_a_synthetic_run(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    path = R.write_report(run, decode=_decode)
+    assert path == run / R.REPORT_FILE
+    page = path.read_text()
+    # self-contained: no external script, style sheet or image
+    assert "<script src" not in page and "<link" not in page and "<img" not in page
+    assert not re.search(r'(src|href)="https?:', page)
+    # curves: validation, rollout success, rollout return, 4 Echo-Trap panels; points and 95% bands
+    assert page.count('<svg class="chart"') == 8  # + the stacked time bars
+    assert page.count('class="series"') >= 7 and page.count('class="band"') == 3
+    assert "Validation success (Wilson 95% interval)" in page
+    # the final validation is the point at step 2, with Wilson bounds from 4 x 2 episodes
+    lo, hi = R.wilson_interval(0.75 * 8, 8)
+    assert f"frozen_lake @ 2: 0.75 (95% interval {R._fmt(lo)} .. {R._fmt(hi)})" in page
+    # the Echo-Trap flag that switched on at iteration 1 is marked, with the monitor's message
+    assert page.count('<g class="alarm">') == 4 and "std collapse" in page
+    assert "<td>1</td><td>std_collapse</td>" in page
+    # stage times: "other" = iteration - stages; generate listed under sample
+    assert "of which generate" in page and ">other<" in page
+    data = episode_json(page)
+    assert [it["it"] for it in data["iterations"]] == [0, 1]
+    groups = data["iterations"][1]["groups"]
+    assert [(g["gid"], g["kept"]) for g in groups] == [(10, True), (11, False)]
+    kept_ep, dropped_ep = groups[0]["episodes"][0], groups[1]["episodes"][0]
+    turn = kept_ep["turns"][0]
+    assert turn["state"].count("\n") == 3 and "P" in turn["state"]  # a 4x4 grid observation
+    assert turn["adv"] == [0.5] * len(turn["tok"])  # one advantage per sampled token of the turn
+    # the sampled tokens are the reply after the forced "<think>" prefix (EOS included)
+    assert "".join(data["vocab"][str(t)] for t in turn["tok"]) == turn["reply"].removeprefix("<think>")
+    assert all(t["adv"] is None for t in dropped_ep["turns"])  # dropped: not trained on
+    assert data["has_adv"] and data["adv_scale"] == pytest.approx(0.5)
+    legend = data["legends"]["frozen_lake:default"]
+    assert legend["P"][0] == "player" and legend["O"][0] == "hole"
+
+
+def test_episode_caps_keep_whole_groups_kept_and_dropped(tmp_path: Path) -> None:
+    run = make_run(tmp_path, iterations=3)
+    data = R.episode_data(R._read_trajectories(run), legend=lambda env, variant: {}, decode=None, max_iterations=2,
+                          max_episodes_per_iteration=2)
+    assert [it["it"] for it in data["iterations"]] == [0, 2]  # first and last
+    assert [[g["gid"] for g in it["groups"]] for it in data["iterations"]] == [[0], [20]]  # one whole group each
+    assert data["vocab"] == {} and data["total_iterations"] == 3
+    assert R._pick_iterations(range(100), 5) == [0, 25, 50, 74, 99]
+
+
+def test_read_history_last_line_wins_torn_line_and_checkpoint_fills_gaps(tmp_path: Path) -> None:
+    R.append_metrics(tmp_path, 0, {"a": 1.0, "nan": float("nan")})
+    R.append_metrics(tmp_path, 1, {"a": 2.0})
+    R.append_metrics(tmp_path, 1, {"a": 3.0})  # a resumed run redid step 1
+    with open(tmp_path / R.METRICS_FILE, "a") as f:
+        f.write('{"step": 2, "metr')  # killed mid-line
+    hist = R.read_history(tmp_path)
+    assert hist.steps == [{"a": 1.0}, {"a": 3.0}] and hist.final == {} and hist.final_step is None
+    other = tmp_path / "other"
+    (other / "checkpoint").mkdir(parents=True)
+    (other / "checkpoint" / "ragen_history.json").write_text(json.dumps([{"a": 5.0}, {"a": 6.0}]))
+    assert R.read_history(other).steps == [{"a": 5.0}, {"a": 6.0}]
+    R.append_metrics(other, 2, {"a": 7.0})  # resumed after the file appeared: the checkpoint fills 0, 1
+    assert R.read_history(other).steps == [{"a": 5.0}, {"a": 6.0}, {"a": 7.0}]
+    assert R.read_history(tmp_path / "none").steps == []
+
+
+def test_echo_alarms_from_flags_and_from_a_replay() -> None:
+    steps = [{"actor/grad_norm": 1.0, "echo/grad_norm_spike": 0.0} for _ in range(5)]
+    steps.append({"actor/grad_norm": 100.0, "echo/grad_norm_spike": 1.0})
+    steps.append({"actor/grad_norm": 100.0, "echo/grad_norm_spike": 1.0})  # still on: no second alarm
+    alarms = R.echo_alarms(steps)
+    assert [(s, n) for s, n, _ in alarms] == [(5, "grad_norm_spike")]
+    assert "more than 5 x the median" in alarms[0][2]  # the monitor's own message
+    unflagged = [{k: v for k, v in m.items() if not k.startswith("echo/")} for m in steps]
+    assert [(s, n) for s, n, _ in R.echo_alarms(unflagged)] == [(5, "grad_norm_spike")]
+
+
+def test_report_of_a_run_without_trajectories_or_metrics(tmp_path: Path) -> None:
+    page = R.build_report(tmp_path)
+    assert "This run stored no trajectories." in page and "no data recorded" in page
+    assert episode_json(page)["iterations"] == []
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        R.build_report(tmp_path / "missing")
+
+
+def test_report_command_prints_the_path(tmp_path: Path) -> None:
+    from ragen_rllib.cli import main
+
+    run = make_run(tmp_path / "runs")
+    buf = io.StringIO()
+    assert main(["report", "r1", "--root", str(tmp_path / "runs")], out=buf) == 0
+    assert buf.getvalue().strip() == str((run / R.REPORT_FILE).resolve())
+    assert (run / R.REPORT_FILE).is_file()
+    with pytest.raises(SystemExit, match="no run folder 'nope'"):
+        main(["report", "nope", "--root", str(tmp_path / "runs")], out=io.StringIO())
+
+
+def test_report_module_is_import_light() -> None:
+    code = "import sys, ragen_rllib.tracking.report; print(' '.join(sorted(sys.modules)))"
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert not mods & {"ray", "vllm", "mlflow", "torch", "transformers"}, mods & {"ray", "vllm", "mlflow", "torch"}
