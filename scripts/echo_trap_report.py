@@ -9,6 +9,10 @@ import glob
 import json
 import sys
 
+from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
+
+FLAGS = {FLAG_PREFIX + s for s in SIGNALS}  # the 0/1 flags (echo/mi_* are values)
+
 root = sys.argv[1]
 for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
     with open(f"{d}/result.json") as f:
@@ -18,7 +22,7 @@ for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
     first = {}
     for r in rows:
         for k, v in r.items():
-            if k.startswith("echo/") and v and k not in first:
+            if k in FLAGS and v and k not in first:
                 first[k] = r["training_iteration"]
     fall = next((r["training_iteration"] for r in rows if r.get("rollout/success", 1) < 0.5 * (succ[0] or 1)), None)
 

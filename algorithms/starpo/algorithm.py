@@ -10,8 +10,9 @@ How StarPO-S differs from PPO (RAGEN paper §4):
 4. Decoupled clipping (ε_low 0.2, ε_high 0.28) and dual clip c = 3; no KL term.
 5. The critic is a value model over token prefixes; GAE runs over sampled tokens only.
 
-``training_step`` reads as the data flow: sample -> store -> filter -> advantages -> update ->
-sync, one timer per stage.
+``training_step`` reads as the data flow: sample -> store -> (mi) -> filter -> advantages ->
+update -> sync, one timer per stage. ``mi`` (every ``mi_every`` iterations) is RAGEN-2's
+mutual-information diagnostic of template collapse (``echo/mi_*``); it never changes training.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
+from ragen_rllib.algorithms.starpo import cross_scoring as X
 from ragen_rllib.algorithms.starpo.config import StarPOConfig
 from ragen_rllib.algorithms.starpo.update_batch import ADVANTAGES, Mode, UpdateBatch
 from ragen_rllib.env_runners.runner_pool import RunnerPool
+from ragen_rllib.core import collapse as C
 from ragen_rllib.core import starpo as S
 from ragen_rllib.trajectory import (
     TrajectoryStore,
@@ -113,6 +116,8 @@ class StarPO(Algorithm):
         self.store = TrajectoryStore(config.run_dir, run)
         self.runners = RunnerPool(self.env_runner_group, config.num_consecutive_env_runner_failures_tolerance,
                                   config.env_runner_health_probe_timeout_s)
+        self._tokenizer: Any = None  # loaded on first use (the MI diagnostic re-tokenises replies)
+        self._mi_std_ema: float | None = None  # in memory only, as RAGEN-2: a resumed run starts it again
 
     # ------------------------------------------------------------ the spine
     @override(Algorithm)
@@ -125,6 +130,10 @@ class StarPO(Algorithm):
             table, rollout_stats = self._sample_train_groups(it)
         with _timer(timers, "store"):
             self.store.write(it, table)
+        mi_metrics = {}
+        if X.is_due(it, p.mi_every):  # on the unfiltered batch, under the weights that sampled it
+            with _timer(timers, "mi"):
+                mi_metrics = self._mutual_information(table, it)
         with _timer(timers, "filter"):
             kept, filter_metrics = self._filter(table)
             table = with_kept(table, kept)
@@ -141,7 +150,7 @@ class StarPO(Algorithm):
                 self._sync_weights()
             with _timer(timers, "store_advantages"):
                 self.store.write(it, self._with_advantages(table, batch), overwrite=True)
-        self._log({**_rollout_metrics(table, rollout_stats), **filter_metrics, **adv_metrics,
+        self._log({**_rollout_metrics(table, rollout_stats), **filter_metrics, **adv_metrics, **mi_metrics,
                    **learner_results, **{f"time/{k}": v for k, v in timers.items()},
                    "policy_version": float(self.policy_version)})
 
@@ -176,6 +185,32 @@ class StarPO(Algorithm):
                                             include_zero=p.rollout_filter_include_zero,
                                             eps=p.rollout_filter_selection_eps)
         return set(unique[kept_idx].tolist()), metrics
+
+    def _mutual_information(self, table: Any, iteration: int) -> dict[str, float]:
+        """RAGEN-2's MI collapse diagnostic (``echo/mi_*``): first replies cross-scored under the
+        groups' first prompts (``cross_scoring``) by the learner, then ``C.collapse_metrics``.
+        Only ``echo/mi_valid_frac`` when fewer than two groups have a reply to score."""
+        p = self.config.starpo
+        if self._tokenizer is None:
+            from ragen_rllib.models.loading import load_tokenizer
+
+            self._tokenizer = load_tokenizer(p.model)
+        pairs, valid_frac = X.first_turn_pairs(table, self._tokenizer, p.enable_think, p.mi_num_samples,
+                                               np.random.default_rng([p.seed, iteration]))
+        metrics = {X.MI_VALID_FRAC: valid_frac}
+        if pairs is None:
+            return metrics
+        batch = pairs.batch()
+        logp = _first(self.learner_group.foreach_learner(lambda lrn: lrn.sequence_logprobs(batch)))
+        l_tok, l_sum = pairs.loglik(logp)
+        metrics.update(C.collapse_metrics(torch.as_tensor(l_tok), torch.as_tensor(pairs.column),
+                                          pairs.prompt_of_column.tolist(), loglik_seq=torch.as_tensor(l_sum)))
+        self._mi_std_ema = C.marginal_std_ema(self._mi_std_ema, metrics[C.MI_MARGINAL_STD])
+        metrics.update({C.MI_MARGINAL_STD_EMA: self._mi_std_ema,
+                        C.MI_ZSCORE_EMA: metrics[C.MI_ESTIMATE] / (self._mi_std_ema + C.STD_EPS),
+                        X.MI_NUM_SAMPLES: float(len(pairs.replies)),
+                        X.MI_NUM_PROMPTS: float(len(pairs.prompt_of_column))})
+        return metrics
 
     def _advantages(self, train: Any) -> tuple[MultiAgentBatch, dict[str, float]]:
         """The ``UpdateBatch`` of the kept rows: token rewards placed (``S.place_rewards``), then

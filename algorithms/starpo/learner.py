@@ -184,6 +184,37 @@ class StarPOLearner(TorchLearner):
         module.train(was_training)
         return out
 
+    def sequence_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """Summed log-probs of each row's loss-masked tokens under the current policy (no gradient).
+
+        The scoring of ``compute_rollout_tensors`` (eval mode, the sampling temperature, shared
+        prefixes, micro-batches of ``ppo_max_token_len_per_gpu`` padded tokens) for arbitrary
+        token sequences: the MI collapse diagnostic scores each reply under other prompts.
+
+        Args:
+            batch: numpy ``token_ids``, ``attention_mask`` and ``loss_mask`` (B, T), right-padded;
+                ``loss_mask`` is 1 on the scored tokens (never position 0).
+
+        Returns:
+            (B,) float64, nats.
+        """
+        module = self._policy_module()
+        out = np.zeros(batch["token_ids"].shape[0], dtype=np.float64)
+        max_tokens = self.config.starpo.ppo_max_token_len_per_gpu
+        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), max_tokens)
+        was_training = module.training
+        module.eval()
+        with torch.no_grad():
+            for idx in plan:
+                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
+                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
+                     for k in ("token_ids", "attention_mask", "loss_mask")}
+                logp = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=False,
+                                    with_entropy=False)["logp"]
+                out[idx] = logp.double().sum(1).cpu().numpy()
+        module.train(was_training)
+        return out
+
     def _ref_logp(self, module: Any, t: dict[str, torch.Tensor]) -> np.ndarray:
         """Reference-policy log-probs (B, t) of one micro-batch: the frozen copy, or the LoRA base."""
         args = (t["token_ids"], t["attention_mask"], t["loss_mask"].float())

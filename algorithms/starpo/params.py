@@ -155,6 +155,11 @@ class StarPOParams:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0  # > 0 also perturbs the learner's no-grad old/ref log-prob passes
     lora_target_modules: tuple[str, ...] = ("all-linear",)  # module names, or ("all-linear",): all but lm_head
+    # --- MI collapse diagnostic (RAGEN-2 "template collapse"; algorithms/starpo/cross_scoring.py):
+    # each of mi_num_samples first replies is scored under the first prompt of every group drawn,
+    # with the pre-update policy, on the first iteration and then every mi_every-th; logs echo/mi_*
+    mi_every: int = 5  # 0 = off (RAGEN-2's compute_freq)
+    mi_num_samples: int = 16  # replies scored (RAGEN-2: 64); the cost grows with its square
 
     def validate(self) -> "StarPOParams":
         """Check every field; raise ``ConfigError`` (a ``ValueError``) naming the field and its value.
@@ -250,12 +255,14 @@ class StarPOParams:
                                              "or ('q_proj', 'v_proj')")
         if "all-linear" in targets and len(targets) > 1:
             raise bad("lora_target_modules", "must be ('all-linear',) alone or a list of module names, not both")
-        for name in ("ppo_max_token_len_per_gpu", "lr_warmup_steps", "total_training_steps"):
+        for name in ("ppo_max_token_len_per_gpu", "lr_warmup_steps", "total_training_steps", "mi_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise bad(name, "must be an int >= 0")
         if self.warmup_style == "cosine" and self.total_training_steps == 0:
             raise bad("total_training_steps", "must be >= 1 with warmup_style='cosine' (`train` sets it from "
                       "`iterations`)")
+        if self.mi_num_samples < 2:
+            raise bad("mi_num_samples", "must be an int >= 2 (replies scored against each other's prompts)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise bad("min_lr_ratio", "must be in [0, 1]")
         if self.deepspeed_config is not None and self.learner_backend != "deepspeed":

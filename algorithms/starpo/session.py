@@ -25,7 +25,7 @@ KEY_METRICS = ("rollout/success", "rollout/return_mean", "rollout/well_formed_ra
                "actor/entropy", "time/iteration")
 #: The validation protocol, saved next to an exported model so ``eval`` repeats it.
 EVAL_PROTOCOL_FILE = "ragen_eval_protocol.json"
-_NAMESPACES = ("rollout", "filter", "actor", "critic", "time", "val", "learner", "faults", "policy_version")
+_NAMESPACES = ("rollout", "filter", "actor", "critic", "time", "val", "learner", "faults", "echo", "policy_version")
 
 
 class Session:

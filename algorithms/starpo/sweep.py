@@ -294,7 +294,7 @@ class _ProgressLog(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         shown = " ".join(f"{k if k == self.metric else k.split('/')[-1]}={result[k]:.3g}"
                          for k in self.shown if k in result)
-        fired = [k[len(FLAG_PREFIX):] for k, v in result.items() if k.startswith(FLAG_PREFIX) and v]
+        fired = [s for s in SIGNALS if result.get(FLAG_PREFIX + s)]  # not the echo/mi_* values
         self.log(f"[{self._label(trial)}] [{result.get('training_iteration')}/{self.iterations}] {shown}"
                  + (f" echo-trap: {','.join(fired)}" if fired else ""))
 

@@ -15,6 +15,10 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   Bandit, ~110 Sokoban, ~90 FrozenLake).
 - ``identical_responses`` (``rollout/identical_response_frac``): identical templated reasoning
   across samples (paper Table 1; RAGEN issue #52: Sokoban output degenerates to "!!!!!").
+- ``mi_collapse`` (``echo/mi_zscore``, ``echo/mi_retrieval_above_chance``; only in runs that
+  compute them, ``StarPOParams.mi_every``): RAGEN-2's (2026) *template collapse*, replies that no
+  longer depend on the prompt, measured as the mutual information between prompt and reply
+  (``ragen_rllib.core.collapse``). It can hide behind a high entropy.
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -42,14 +46,18 @@ ENTROPY_KEY = "actor/entropy"  # token-mean policy entropy, nats
 GRAD_NORM_KEY = "actor/grad_norm"  # global grad norm before clipping
 RESPONSE_LENGTH_KEY = "rollout/response_length_mean"  # mean sampled tokens per trajectory
 IDENTICAL_KEY = "rollout/identical_response_frac"  # see identical_response_fraction()
+MI_ZSCORE_KEY = "echo/mi_zscore"  # MI estimate / std of the marginal (ragen_rllib.core.collapse)
+MI_ABOVE_CHANCE_KEY = "echo/mi_retrieval_above_chance"  # prompt retrieval accuracy - chance level
 
 STD_COLLAPSE = "std_collapse"
 ENTROPY_COLLAPSE = "entropy_collapse"
 GRAD_NORM_SPIKE = "grad_norm_spike"
 RESPONSE_LENGTH_COLLAPSE = "response_length_collapse"
 IDENTICAL_RESPONSES = "identical_responses"
+MI_COLLAPSE = "mi_collapse"
 #: All signal names, in the order ``update`` evaluates them.
-SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES)
+SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES,
+           MI_COLLAPSE)
 #: Prefix of the 0/1 flag metrics returned by ``EchoTrapMonitor.flags``.
 FLAG_PREFIX = "echo/"
 
@@ -114,7 +122,7 @@ class EchoTrapMonitor:
     and can fire at once.
 
     ``update`` returns only the signals that switched *on* at that step (one warning per episode of
-    trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all five.
+    trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all signals.
 
     Attributes:
         window: warm-up length in observations for the EMA references, and the number of previous
@@ -135,8 +143,15 @@ class EchoTrapMonitor:
             below this fraction of its early EMA.
         identical_frac_threshold: ``identical_responses`` fires when the raw fraction of groups with
             all-identical responses exceeds this value.
-        std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key: the
-            metric keys read (module constants ``*_KEY``).
+        mi_zscore_min: ``mi_collapse`` fires when the EMA of the MI z-score falls below this value
+            after having been at or above it (a run whose replies never depended on the prompt
+            does not raise it from its first iteration) ...
+        mi_above_chance_min: ... or the same for retrieval accuracy above chance; either may be
+            None (that half off). Not while the success EMA is at least ``solved_success``: a
+            solved task with one right answer (the Bandit) needs no prompt-dependent reply. The
+            MI metrics come every few iterations, so the EMA's memory is in computations.
+        std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
+            mi_zscore_key, mi_above_chance_key: the metric keys read (module constants ``*_KEY``).
     """
 
     window: int = 5
@@ -148,12 +163,16 @@ class EchoTrapMonitor:
     grad_norm_spike_k: float = 5.0
     response_length_frac: float = 0.5
     identical_frac_threshold: float = 0.5
+    mi_zscore_min: float | None = 0.5
+    mi_above_chance_min: float | None = 0.05
     std_key: str = STD_KEY
     success_key: str = SUCCESS_KEY
     entropy_key: str = ENTROPY_KEY
     grad_norm_key: str = GRAD_NORM_KEY
     response_length_key: str = RESPONSE_LENGTH_KEY
     identical_key: str = IDENTICAL_KEY
+    mi_zscore_key: str = MI_ZSCORE_KEY
+    mi_above_chance_key: str = MI_ABOVE_CHANCE_KEY
 
     _ema: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -161,6 +180,7 @@ class EchoTrapMonitor:
     _std_max: float = field(default=0.0, init=False, repr=False)
     _success_at_std_max: float | None = field(default=None, init=False, repr=False)
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
+    _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +196,9 @@ class EchoTrapMonitor:
                 f"EchoTrapMonitor.identical_frac_threshold must be in [0, 1), got {self.identical_frac_threshold}")
         if self.grad_norm_spike_k <= 1.0:
             raise ValueError(f"EchoTrapMonitor.grad_norm_spike_k must be > 1, got {self.grad_norm_spike_k}")
+        for name in ("mi_zscore_min", "mi_above_chance_min"):
+            if getattr(self, name) is not None and _finite(getattr(self, name)) is None:
+                raise ValueError(f"EchoTrapMonitor.{name} must be a finite number or None, got {getattr(self, name)!r}")
         self._grad_norms = deque(maxlen=self.window)
 
     @property
@@ -206,6 +229,7 @@ class EchoTrapMonitor:
             self._check_drop(metrics, RESPONSE_LENGTH_COLLAPSE, self.response_length_key, self.response_length_frac,
                              "response length", "reasoning is shrinking (paper Fig. 11)"),
             self._check_identical(metrics),
+            self._check_mi(metrics, success),
         )
         fired = []
         for name, check in zip(SIGNALS, checks, strict=False):
@@ -290,6 +314,28 @@ class EchoTrapMonitor:
         msg = (f"{self.identical_key} = {value:.3g} > {self.identical_frac_threshold:g}: most prompt groups sampled "
                "identical responses (templated reasoning, paper Table 1).")
         return on, value, self.identical_frac_threshold, msg
+
+    def _check_mi(self, metrics, success):
+        below, seen = [], False
+        for key, threshold, what in ((self.mi_zscore_key, self.mi_zscore_min, "MI z-score"),
+                                     (self.mi_above_chance_key, self.mi_above_chance_min,
+                                      "retrieval accuracy above chance")):
+            if threshold is None or _finite(metrics.get(key)) is None:
+                continue
+            seen = True
+            ema = self._observe(metrics, key)
+            if ema >= threshold:
+                self._mi_armed.add(key)
+            elif key in self._mi_armed:
+                below.append((key, ema, threshold, what))
+        if not seen:
+            return None
+        if not below or (success is not None and success >= self.solved_success):
+            return False, float("nan"), float("nan"), ""
+        key, ema, threshold, what = below[0]
+        msg = (f"{what} {key} (EMA {ema:.4g}) fell below {threshold:g}: replies depend less and less on the "
+               "prompt (RAGEN-2 template collapse), whatever their entropy.")
+        return True, ema, threshold, msg
 
 
 def _finite(x: object) -> float | None:

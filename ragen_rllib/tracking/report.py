@@ -416,7 +416,7 @@ def echo_alarms(steps: Sequence[Mapping[str, float]]) -> list[tuple[int, str, st
     for i, m in enumerate(steps):
         for sig in monitor.update(m, step=i):
             replayed[(sig.step, sig.name)] = sig.message
-    if not any(k.startswith(FLAG_PREFIX) for m in steps for k in m):
+    if not any(FLAG_PREFIX + name in m for m in steps for name in SIGNALS):
         return [(s, n, msg) for (s, n), msg in sorted(replayed.items())]
     out = []
     for name in SIGNALS:

@@ -35,6 +35,7 @@ def test_library_record_goes_to_the_file_not_the_console(tmp_path: Path) -> None
     # A library that set up its own stderr handler and stopped propagation (as transformers, Ray
     # and MLflow do) before the run began.
     own = logging.StreamHandler(sys.stderr)
+    before, propagate = list(lib_root.handlers), lib_root.propagate  # an earlier test may have set them
     lib_root.addHandler(own)
     lib_root.propagate = False
     try:
@@ -45,10 +46,10 @@ def test_library_record_goes_to_the_file_not_the_console(tmp_path: Path) -> None
                 logging.getLogger("ragen_rllib.tracking.mlflow_logger").warning("MLflow unreachable")
                 c("[1/2] success=0.5 eta 3s")
             assert own not in lib_root.handlers  # adopted while routed
-        assert lib_root.handlers == [own] and not lib_root.propagate  # ... and restored afterwards
+        assert lib_root.handlers == [*before, own] and not lib_root.propagate  # ... and restored afterwards
     finally:
         lib_root.removeHandler(own)
-        lib_root.propagate = True
+        lib_root.propagate = propagate
     text = Path(path).read_text()
     assert path == tmp_path / "logs" / LIBRARY_LOG
     assert "WARNING transformers.modeling_utils: some weights were not initialized" in text
@@ -97,7 +98,8 @@ def test_python_warnings_are_routed_and_logging_is_restored(tmp_path: Path) -> N
     root = logging.getLogger()
     before = (list(root.handlers), root.level)
     c = _console()
-    with logging_restored(), route_library_output(c, tmp_path) as path:
+    with logging_restored(), route_library_output(c, tmp_path) as path, warnings.catch_warnings():
+        warnings.simplefilter("always")  # whatever filters pytest (-W) or an earlier test installed
         warnings.warn("`torch.distributed.reduce_op` is deprecated", FutureWarning, stacklevel=1)
     assert "reduce_op" in Path(path).read_text() and "reduce_op" not in c.err.getvalue()
     assert (list(root.handlers), root.level) == before

@@ -20,6 +20,8 @@ from ragen_rllib.tracking.echo_trap import (
     ENTROPY_KEY,
     GRAD_NORM_KEY,
     IDENTICAL_KEY,
+    MI_ABOVE_CHANCE_KEY,
+    MI_ZSCORE_KEY,
     RESPONSE_LENGTH_KEY,
     SIGNALS,
     STD_KEY,
@@ -156,7 +158,44 @@ def test_flags_missing_keys_and_signal_fields() -> None:
     assert m.update({STD_KEY: float("nan")}, 11) == []  # non-finite treated as missing
 
 
+def test_mi_collapse_fires_when_a_prompt_dependence_falls() -> None:
+    healthy = [{MI_ZSCORE_KEY: 2.0, MI_ABOVE_CHANCE_KEY: 0.4}] * 3
+    collapsed = [{MI_ZSCORE_KEY: 0.0, MI_ABOVE_CHANCE_KEY: 0.0}] * 4
+    # z EMA (alpha 0.3): 2.0 -> 1.4 -> 0.98 -> 0.686 -> 0.48 < 0.5 at the 4th collapsed step (step 6);
+    # above-chance EMA: 0.4 -> 0.28 -> 0.196 -> 0.137 -> 0.096, still >= 0.05 then
+    m = EchoTrapMonitor()
+    assert _feed(m, healthy + collapsed) == [("mi_collapse", 6)]
+    assert m.flags()["echo/mi_collapse"] == 1.0
+    assert _feed(EchoTrapMonitor(mi_above_chance_min=None), healthy + collapsed) == [("mi_collapse", 6)]
+    # The retrieval half alone (z half off): EMA 0.5 (reaches 0.3) -> 0.35 -> 0.245 < 0.3 at step 2.
+    m = EchoTrapMonitor(mi_zscore_min=None, mi_above_chance_min=0.3)
+    rows = [{MI_ABOVE_CHANCE_KEY: 0.5, MI_ZSCORE_KEY: 0.0}] + [{MI_ABOVE_CHANCE_KEY: 0.0, MI_ZSCORE_KEY: 0.0}] * 2
+    fired = [sig for step, row in enumerate(rows) for sig in m.update(row, step)]
+    (sig,) = fired
+    assert (sig.name, sig.step, sig.reference) == ("mi_collapse", 2, 0.3)
+    assert sig.value == pytest.approx(0.245) and MI_ABOVE_CHANCE_KEY in sig.message
+
+
+def test_mi_collapse_needs_a_fall_not_a_low_start_and_not_a_solved_task() -> None:
+    never = [{MI_ZSCORE_KEY: 0.0, MI_ABOVE_CHANCE_KEY: 0.0}] * 10  # replies never depended on the prompt
+    assert _feed(EchoTrapMonitor(), never) == []
+    healthy = [{MI_ZSCORE_KEY: 2.0, MI_ABOVE_CHANCE_KEY: 0.4, SUCCESS_KEY: 0.97}] * 3
+    solved = [{MI_ZSCORE_KEY: 0.0, MI_ABOVE_CHANCE_KEY: 0.0, SUCCESS_KEY: 1.0}] * 6  # one right answer left
+    assert _feed(EchoTrapMonitor(), healthy + solved) == []
+    # Iterations without MI metrics (mi_every > 1) keep the state and never evaluate the signal.
+    m = EchoTrapMonitor()
+    _feed(m, [{MI_ZSCORE_KEY: 2.0}, {}, {STD_KEY: 0.4}])
+    assert m.active["mi_collapse"] is False and m.update({}, 3) == []
+
+
+def test_mi_metrics_leave_the_other_signals_alone() -> None:
+    rows = [{STD_KEY: 0.5, ENTROPY_KEY: 1.2, GRAD_NORM_KEY: 1.0, MI_ZSCORE_KEY: 2.0 - 0.2 * i} for i in range(12)]
+    base = [{k: v for k, v in r.items() if not k.startswith("echo/")} for r in rows]
+    assert [n for n, _ in _feed(EchoTrapMonitor(), rows) if n != "mi_collapse"] == _feed(EchoTrapMonitor(), base)
+
+
 @pytest.mark.parametrize(("kwargs", "field_name"), [
+    ({"mi_zscore_min": float("nan")}, "mi_zscore_min"), ({"mi_above_chance_min": "x"}, "mi_above_chance_min"),
     ({"window": 0}, "window"), ({"ema_alpha": 0.0}, "ema_alpha"), ({"std_collapse_frac": 1.5}, "std_collapse_frac"),
     ({"grad_norm_spike_k": 1.0}, "grad_norm_spike_k"), ({"identical_frac_threshold": 1.0}, "identical_frac_threshold"),
 ])

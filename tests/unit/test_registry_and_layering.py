@@ -102,7 +102,8 @@ def test_algorithms_and_env_runners_install_under_ragen_rllib(tmp_path) -> None:
 def test_math_trajectory_and_tracking_are_import_light() -> None:
     """The StarPO math (torch allowed), the trajectory store and the tracking package import no
     ray, vllm, deepspeed, transformers or mlflow."""
-    code = ("import sys, ragen_rllib.core.starpo, ragen_rllib.core.masked, ragen_rllib.trajectory, "
+    code = ("import sys, ragen_rllib.core.starpo, ragen_rllib.core.masked, ragen_rllib.core.collapse, "
+            "ragen_rllib.algorithms.starpo.cross_scoring, ragen_rllib.trajectory, "
             "ragen_rllib.tracking, ragen_rllib.tracking.echo_trap, ragen_rllib.algorithms.starpo.params, "
             "ragen_rllib.env_runners.rollout_loop; print(' '.join(sorted(sys.modules)))")
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
