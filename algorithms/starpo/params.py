@@ -159,7 +159,7 @@ class StarPOParams:
     # each of mi_num_samples first replies is scored under the first prompt of every group drawn,
     # with the pre-update policy, on the first iteration and then every mi_every-th; logs echo/mi_*
     mi_every: int = 5  # 0 = off (RAGEN-2's compute_freq)
-    mi_num_samples: int = 16  # replies scored (RAGEN-2: 64); the cost grows with its square
+    mi_num_samples: int = 16  # replies scored (RAGEN-2: 64), each under every distinct prompt drawn
 
     def validate(self) -> "StarPOParams":
         """Check every field; raise ``ConfigError`` (a ``ValueError``) naming the field and its value.

@@ -23,7 +23,7 @@ def _reference_metrics(model_dir, table) -> dict[str, float]:
     from ragen_rllib.core.collapse import collapse_metrics
 
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    lm = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, torch_dtype=torch.float32).eval()
+    lm = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32).eval()
     rows = table.to_pylist()
     groups = sorted({r[Col.GROUP_ID] for r in rows})
     prompt = {}
