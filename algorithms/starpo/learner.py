@@ -21,7 +21,6 @@ stepped once per training iteration by the Algorithm (``apply_lr_schedule``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -166,40 +165,24 @@ class StarPOLearner(TorchLearner):
         shape = batch["token_ids"].shape
         keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if p.kl_mode != "off" else [])
         out = {k: np.zeros(shape, dtype=np.float32) for k in keys}
-        for idx, t_len, t, sc in self._scored_micro_batches(module, batch, with_values=True, with_entropy=True):
-            out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
-            out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
-            if "values" in sc:
-                out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
-            if p.kl_mode != "off":
-                out["ref_logp"][idx, :t_len] = self._ref_logp(module, t)
-        return out
-
-    def _scored_micro_batches(
-        self, module: Any, batch: dict[str, np.ndarray], *, with_values: bool, with_entropy: bool,
-    ) -> Iterator[tuple[list[int], int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-        """No-grad, eval-mode ``module.score`` over micro-batches of ``ppo_max_token_len_per_gpu`` padded tokens.
-
-        Eval mode: old/reference log-probs without dropout (e.g. lora_dropout > 0); the module's
-        previous mode is restored when the iteration ends, also on an error.
-
-        Yields:
-            (row indices, t_len, the rows' tensors cut to t_len tokens, ``score``'s output).
-        """
-        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(),
-                                    self.config.starpo.ppo_max_token_len_per_gpu)
+        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
         was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                for idx in plan:
-                    t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
-                    t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
-                         for k in ("token_ids", "attention_mask", "loss_mask")}
-                    yield idx, t_len, t, module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(),
-                                                      with_values=with_values, with_entropy=with_entropy)
-        finally:
-            module.train(was_training)
+        module.eval()  # old/reference log-probs without dropout (e.g. lora_dropout > 0)
+        with torch.no_grad():
+            for idx in plan:
+                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
+                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
+                     for k in ("token_ids", "attention_mask", "loss_mask")}
+                sc = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=True,
+                                  with_entropy=True)
+                out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
+                out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
+                if "values" in sc:
+                    out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
+                if p.kl_mode != "off":
+                    out["ref_logp"][idx, :t_len] = self._ref_logp(module, t)
+        module.train(was_training)
+        return out
 
     def sequence_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """Summed log-probs of each row's loss-masked tokens under the current policy (no gradient).
@@ -217,8 +200,19 @@ class StarPOLearner(TorchLearner):
         """
         module = self._policy_module()
         out = np.zeros(batch["token_ids"].shape[0], dtype=np.float64)
-        for idx, _t_len, _t, sc in self._scored_micro_batches(module, batch, with_values=False, with_entropy=False):
-            out[idx] = sc["logp"].double().sum(1).cpu().numpy()
+        max_tokens = self.config.starpo.ppo_max_token_len_per_gpu
+        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), max_tokens)
+        was_training = module.training
+        module.eval()
+        with torch.no_grad():
+            for idx in plan:
+                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
+                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
+                     for k in ("token_ids", "attention_mask", "loss_mask")}
+                logp = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=False,
+                                    with_entropy=False)["logp"]
+                out[idx] = logp.double().sum(1).cpu().numpy()
+        module.train(was_training)
         return out
 
     def _ref_logp(self, module: Any, t: dict[str, torch.Tensor]) -> np.ndarray:
