@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ragen_rllib.console import LOGS_DIR, progress, route_library_output
 from ragen_rllib.env_runners.engine import Engine, SamplingParams
 from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec, RolloutStats
 from ragen_rllib.prompting import PromptConfig
@@ -101,38 +102,47 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
     from ragen_rllib.trajectory.summary import summarize
 
     store = TrajectoryStore(job.out, job.run_id or time.strftime("rollout-%Y%m%d-%H%M%S"))
-    tok = load_tokenizer(job.model)
-    t0 = time.perf_counter()
-    engine = make_engine(job.engine, job.model, seed=job.seed,
-                         max_model_len=job.max_context_tokens + job.max_new_tokens)
-    log(f"[rollout] {job.engine} engine on {job.model} ready in {time.perf_counter() - t0:.1f}s")
-    prompt = PromptConfig(enable_think=job.enable_think, max_context_tokens=job.max_context_tokens)
-    sampling = SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature,
-                              stop=(ANSWER_CLOSE,) if job.stop_at_answer_end else ())
-    loops = []
-    for env in job.envs:
-        name, _, variant = env.partition(":")
-        spec = RolloutSpec(env_name=name, env_variant=variant or None, env_config=dict(job.env_config),
-                           group_size=job.group_size, max_turns=job.max_turns, prompt=prompt, sampling=sampling)
-        loops.append(RolloutLoop(engine, tok, spec))
-    stats = {env: RolloutStats() for env in job.envs}
-    try:
-        for it in range(job.iterations):
-            tables = []
-            for e, (env, loop) in enumerate(zip(job.envs, loops, strict=False)):
-                groups = [((it * len(job.envs) + e) * job.groups + g, job.seed + it * job.groups + g)
-                          for g in range(job.groups)]
-                res = loop.run(groups, run_id=store.run_id, iteration=it, sampling_seed=job.seed * 7919 + it * 101 + e)
-                tables.append(rows_to_table(res.rows))
-                for k in ("num_trajectories", "num_turns", "num_generate_calls", "sampled_tokens", "prompt_tokens",
-                          "generate_s", "env_s", "total_s"):
-                    setattr(stats[env], k, getattr(stats[env], k) + getattr(res.stats, k))
-            path = store.write(it, pa.concat_tables(tables))
-            log(f"[rollout] iteration {it}: {sum(t.num_rows for t in tables)} trajectories -> {path}")
-    finally:
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
+    # With a Console, vLLM/transformers output goes to <run>/logs/third_party.log, as in `train`.
+    with route_library_output(log, store.run_dir / LOGS_DIR):
+        tok = load_tokenizer(job.model)
+        t0 = time.perf_counter()
+        engine = make_engine(job.engine, job.model, seed=job.seed,
+                             max_model_len=job.max_context_tokens + job.max_new_tokens)
+        log(f"[rollout] {job.engine} engine on {job.model} ready in {time.perf_counter() - t0:.1f}s")
+        prompt = PromptConfig(enable_think=job.enable_think, max_context_tokens=job.max_context_tokens)
+        sampling = SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature,
+                                  stop=(ANSWER_CLOSE,) if job.stop_at_answer_end else ())
+        loops = []
+        for env in job.envs:
+            name, _, variant = env.partition(":")
+            spec = RolloutSpec(env_name=name, env_variant=variant or None, env_config=dict(job.env_config),
+                               group_size=job.group_size, max_turns=job.max_turns, prompt=prompt, sampling=sampling)
+            loops.append(RolloutLoop(engine, tok, spec))
+        stats = {env: RolloutStats() for env in job.envs}
+        bar = progress(log, total=job.iterations * len(job.envs), desc="rollout")
+        try:
+            for it in range(job.iterations):
+                tables = []
+                for e, (env, loop) in enumerate(zip(job.envs, loops, strict=False)):
+                    groups = [((it * len(job.envs) + e) * job.groups + g, job.seed + it * job.groups + g)
+                              for g in range(job.groups)]
+                    res = loop.run(groups, run_id=store.run_id, iteration=it,
+                                   sampling_seed=job.seed * 7919 + it * 101 + e)
+                    tables.append(rows_to_table(res.rows))
+                    for k in ("num_trajectories", "num_turns", "num_generate_calls", "sampled_tokens",
+                              "prompt_tokens", "generate_s", "env_s", "total_s"):
+                        setattr(stats[env], k, getattr(stats[env], k) + getattr(res.stats, k))
+                    n = it * len(job.envs) + e + 1
+                    bar.step(f"[rollout {n}/{job.iterations * len(job.envs)}] iteration {it} {env}: "
+                             f"{res.stats.num_trajectories} trajectories, {res.stats.sampled_tokens} tokens in "
+                             f"{res.stats.total_s:.1f}s", postfix=env)
+                path = store.write(it, pa.concat_tables(tables))
+                log(f"[rollout] iteration {it}: {sum(t.num_rows for t in tables)} trajectories -> {path}")
+        finally:
+            bar.close()
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
     table = store.read()
     results = []
     for env, loop in zip(job.envs, loops, strict=False):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, Sequence, TextIO
 
-from ragen_rllib.console import NORMAL, QUIET, VERBOSE, Console, logging_restored
+from ragen_rllib.console import LOGS_DIR, NORMAL, QUIET, VERBOSE, Console, logging_restored, route_library_output
 from ragen_rllib.envs import list_envs, make_env
 from ragen_rllib.envs.registry import env_class
 from ragen_rllib.errors import ConfigError
@@ -388,10 +388,11 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
             _require_checkpoint(model)
         envs = [e for s in (args.env or []) for e in s.split(",") if e]
         _require_envs(envs, "--env")
-        res = evaluate(model, envs=envs or None,
-                       engine=args.engine, overrides=overrides,
-                       log=Console(out, verbosity=args.verbosity).install().summary,  # each line is a result
-                       policy=args.policy, protocol=protocol)
+        console = Console(out, verbosity=args.verbosity).install()
+        with route_library_output(console, _eval_log_dir(model, registered)):
+            res = evaluate(model, envs=envs or None, engine=args.engine, overrides=overrides,
+                           log=console.summary,  # each line is a result: shown also with -q
+                           policy=args.policy, protocol=protocol)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     if args.json:
@@ -401,6 +402,18 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
                                                **({"registered_model": registered} if registered else {}), **res},
                                               indent=2))
     return 0
+
+
+def _eval_log_dir(model: str, registered: str | None) -> Path:
+    """Where ``eval`` writes the libraries' output: the evaluated run's ``logs/`` (a run folder, or
+    its ``hf_model/``), else ``runs/eval/logs`` (a baseline, a registered or prepared model)."""
+    path = Path(model)
+    if not registered:
+        if (path / "hf_model").is_dir():
+            return path / LOGS_DIR
+        if path.name == "hf_model":  # train writes a run's model there
+            return path.parent / LOGS_DIR
+    return Path("runs") / "eval" / LOGS_DIR
 
 
 def _require_checkpoint(model: str) -> None:
@@ -568,9 +581,13 @@ def cmd_sweep(args: argparse.Namespace, out: TextIO) -> int:
     _require_model(base.starpo.model)
     _require_experiment_files(base)
     _require_tracking_uri(args.tracking_uri or base.tracking.tracking_uri)
-    from ragen_rllib.algorithms.starpo.sweep import run_sweep
+    console = Console(out, verbosity=args.verbosity).install()
+    # Ray's and Tune's driver-side output (from their import on); each trial's own output stays in
+    # its Ray worker's log.
+    with route_library_output(console, Path(base.run_dir) / "tune" / spec.name / LOGS_DIR):
+        from ragen_rllib.algorithms.starpo.sweep import run_sweep
 
-    res = run_sweep(spec, tracking_uri=args.tracking_uri, log=Console(out, verbosity=args.verbosity).install())
+        res = run_sweep(spec, tracking_uri=args.tracking_uri, log=console)
     return 1 if res["errors"] else 0
 
 

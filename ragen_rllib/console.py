@@ -8,8 +8,10 @@ Its verbosity comes from ``-q`` / ``-v``:
   (``[warm-up 1/20] ...``, ``[3/15] success=... eta 40s``; tests and CI read those lines).
 * ``VERBOSE`` (``-v``): plus the libraries' INFO records on the console.
 
-Library output (vLLM, Ray, transformers, DeepSpeed, MLflow, torch, Python warnings) goes to
-``<run>/logs/third_party.log`` while ``train`` runs (``route_library_output``), at two levels:
+Library output (vLLM, Ray, transformers, DeepSpeed, MLflow, torch, Python warnings) goes to a
+``third_party.log`` while a command runs (``route_library_output``): ``train`` and ``rollout``
+write ``<run>/logs/``, ``eval`` the evaluated run's ``logs/`` (else ``runs/eval/logs/``), ``sweep``
+``<run_dir>/tune/<sweep>/logs/`` (each trial's own output stays in its Ray worker's log). Two levels:
 
 1. Python logging: the libraries' own stream handlers are removed and their records propagate to
    one root handler (``_Router``), which writes the file and applies the console rules. vLLM and
@@ -19,9 +21,6 @@ Library output (vLLM, Ray, transformers, DeepSpeed, MLflow, torch, Python warnin
    and the libraries' own progress bars write to fd 1/2 directly. Unless ``-v``, fd 1 and 2 point at
    the log file for the whole run and the console writes through duplicates of the original fds.
    Child processes started meanwhile (Ray's) inherit the file, which is where their output belongs.
-
-``eval``, ``rollout`` and ``sweep`` have no run folder to hold that file: there the libraries'
-warnings stay on the console (errors only with ``-q``, INFO too with ``-v``).
 
 Messages known to be harmless are written once with the reason and then dropped (``HARMLESS``).
 Only the standard library is imported here; tqdm is imported when a bar is drawn.
@@ -229,11 +228,19 @@ class Console:
 
     def __getstate__(self) -> dict[str, Any]:
         # Ray Tune pickles its callbacks, and a sweep's progress callback holds this console: the
-        # logging handler (a lock) and the bars stay in this process.
-        return {k: v for k, v in self.__dict__.items() if k not in ("router", "_bars")}
+        # logging handler (a lock) and the bars stay in this process, and so do the terminal
+        # duplicates a routed command writes through (files open for writing do not pickle): a
+        # copy writes to its process's own stdout/stderr.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("router", "_bars")}
+        for key, std in (("out", sys.stdout), ("err", sys.stderr)):
+            if state[key] is not std and _has_fd(state[key]):
+                state[key] = None
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.out = self.out if self.out is not None else sys.stdout
+        self.err = self.err if self.err is not None else sys.stderr
         self.router, self._bars = _Router(self), []
 
     def close_bars(self) -> None:
@@ -359,6 +366,15 @@ def _columns(stream: Any) -> int:
         return os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
         return 0
+
+
+def _has_fd(stream: Any) -> bool:
+    """Whether ``stream`` writes to an OS file descriptor (a file, a terminal), not to memory."""
+    try:
+        stream.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+    return True
 
 
 def _std_fd(stream: Any) -> int | None:

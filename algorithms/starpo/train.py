@@ -72,8 +72,12 @@ def init_ray(exp: Experiment) -> None:
     nothing when Ray is already initialised."""
     import ray
 
+    from ragen_rllib.launch.ray_token import ensure_private_token
+
     if ray.is_initialized():
         return
+    # A new local cluster gets a private (0600) token file, not the one Ray would write with the umask.
+    ensure_private_token(create=not os.environ.get("RAY_ADDRESS"))
     if os.environ.get("RAY_ADDRESS"):  # never start a second cluster next to the one asked for
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
     else:

@@ -9,7 +9,8 @@ command exits 0 only when every check is ok. The checks, in order:
 - ``vllm``: vLLM is installed, and a tiny random model (the prepared SmolLM2's tokenizer) starts
   in a vLLM engine and generates a few tokens. ``--quick`` skips the start.
 - ``ray``: Ray is installed within the pin, and a local Ray starts and shuts down. ``--quick``
-  skips the start.
+  skips the start. Its auth token file (``~/.ray/auth_token``) must be private (0600): a start
+  creates it so (``launch/ray_token.py``), a readable one fails the check with the ``chmod``.
 - ``mlflow``: MLflow has a store for the tracking URI that ``train`` uses by default
   (``sqlite:///<run dir>/mlflow.db``), and its folder is writable (an ``http(s)`` server: it answers).
 - ``deepspeed``: DeepSpeed is installed, and on CPU machines its shared-memory comm op is
@@ -263,10 +264,12 @@ _RAY_CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 import ray
+from ragen_rllib.launch.ray_token import ensure_private_token
+token = ensure_private_token(create=True)
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 cpus = ray.cluster_resources().get("CPU", 0)
 ray.shutdown()
-print(json.dumps({"cpus": cpus, "seconds": time.perf_counter() - t0}))
+print(json.dumps({"cpus": cpus, "seconds": time.perf_counter() - t0, "token": str(token) if token else None}))
 """
 
 
@@ -276,10 +279,28 @@ def check_ray(opts: DoctorOptions) -> str:
     if version is None:
         raise CheckFailed("Ray is not installed: rerun scripts/setup.sh (pip install -e .)")
     _check_pin("ray", version)
+    from ragen_rllib.launch.ray_token import mode_problem, token_path
+
+    if problem := mode_problem(token_path()):  # checked before a start: a start never loosens it
+        raise CheckFailed(problem)
     if opts.quick:
-        return f"{version} installed (start skipped: --quick)"
+        return f"{version} installed (start skipped: --quick); {_token_state()}"
     res = _run_child(_RAY_CHILD, {}, opts.timeout_s, "a local ray.init")
-    return f"{version}; a local Ray started and stopped in {res['seconds']:.1f} s"
+    if res.get("token") and (problem := mode_problem(Path(res["token"]))):
+        raise CheckFailed(problem)
+    return f"{version}; a local Ray started and stopped in {res['seconds']:.1f} s; {_token_state()}"
+
+
+def _token_state() -> str:
+    """What token file Ray uses, and that it is private (the caller has checked the mode)."""
+    from ragen_rllib.launch.ray_token import MODE_ENV, TOKEN_ENV, token_path
+
+    if os.environ.get(MODE_ENV, "").strip().lower() == "disabled":
+        return "token authentication disabled (RAY_AUTH_MODE=disabled)"
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return "token from $RAY_AUTH_TOKEN"
+    path = token_path()
+    return f"token file {path} is private (owner only)" if path.exists() else f"no token file yet ({path})"
 
 
 def check_mlflow(opts: DoctorOptions) -> str:

@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ragen_rllib.launch.ray_token import TOKEN_PATH_ENV, mode_problem, token_path
+
 logger = logging.getLogger(__name__)
 
 #: Env var that carries the submission id into the job's driver (read by ``current_job_id``).
@@ -77,7 +79,6 @@ SECRET_EXCLUDES: tuple[str, ...] = (
 )
 #: Set to "1", Ray ignores ``.gitignore`` files when it packs the working dir.
 RAY_IGNORE_GITIGNORE_ENV = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
-DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"
 #: Read by the job's supervisor actor (it gets the job's env_vars): how `stop_job` ends the driver.
 STOP_ENV_DEFAULTS = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
 
@@ -180,7 +181,7 @@ def secret_excludes(working_dir: str | Path) -> list[str]:
     """``SECRET_EXCLUDES``, plus the Ray token file (``RAY_AUTH_TOKEN_PATH``, else
     ``~/.ray/auth_token``) anchored at its path when it lies inside ``working_dir``."""
     out = list(SECRET_EXCLUDES)
-    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or DEFAULT_TOKEN_PATH).expanduser()
+    token = token_path()
     with contextlib.suppress(ValueError, OSError):  # ValueError: outside working_dir
         out.append("/" + token.resolve().relative_to(Path(working_dir).expanduser().resolve()).as_posix())
     return out
@@ -277,12 +278,12 @@ def _auth_token() -> tuple[str | None, str]:
     """(token, where it came from), in the order Ray's own loader uses; (None, searched) if none."""
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
         return os.environ["RAY_AUTH_TOKEN"].strip(), "$RAY_AUTH_TOKEN"
-    path = Path(os.environ["RAY_AUTH_TOKEN_PATH"]) if os.environ.get("RAY_AUTH_TOKEN_PATH") else DEFAULT_TOKEN_PATH
+    path = token_path()
     try:
         token = path.read_text().strip()
     except OSError:
         token = ""
-    where = f"$RAY_AUTH_TOKEN_PATH={path}" if os.environ.get("RAY_AUTH_TOKEN_PATH") else str(path)
+    where = f"${TOKEN_PATH_ENV}={path}" if os.environ.get(TOKEN_PATH_ENV) else str(path)
     return (token or None), where
 
 
@@ -316,7 +317,9 @@ def _job_server(address: str, what: str) -> Iterator[Any]:
         raise JobsError(f"the Ray job SDK is not importable ({e}); install ray[default]") from None
     headers: dict[str, str] = {}
     if os.environ.get("RAY_AUTH_MODE", "").lower() != "disabled":
-        token, _ = _auth_token()
+        token, where = _auth_token()
+        if token and where != "$RAY_AUTH_TOKEN" and (problem := mode_problem(token_path())):
+            logger.warning(problem)
         if token:
             headers["Authorization"] = f"Bearer {token}"
             host = urlparse(address).hostname or ""

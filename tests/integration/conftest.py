@@ -25,6 +25,9 @@ def ray_local():
     """A real local Ray instance (2 CPUs, no dashboard) for the module."""
     import ray
 
+    from ragen_rllib.launch.ray_token import ensure_private_token
+
+    ensure_private_token(create=True)  # as the CLI does: never a world-readable token left behind
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

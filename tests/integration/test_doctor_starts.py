@@ -19,7 +19,8 @@ def _doctor(*argv: str) -> tuple[int, list[str]]:
     return code, out.getvalue().splitlines()
 
 
-def test_quick_doctor_reports_every_check_once(tmp_path: Path) -> None:
+def test_quick_doctor_reports_every_check_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no_token_yet"))  # not this machine's ~/.ray
     code, lines = _doctor("--quick", "--run-dir", str(tmp_path / "runs"))
     assert [ln.split(":")[0].split()[-1] for ln in lines] == list(CHECKS)
     assert all(ln.startswith(("ok  ", "FAIL ")) for ln in lines), lines
@@ -40,14 +41,33 @@ def test_failing_checks_print_fail_with_advice_and_exit_nonzero(tmp_path: Path) 
 
 
 @pytest.mark.vllm
-def test_engine_and_ray_start() -> None:
-    """The full checks: a tiny model in a vLLM engine generates, a local Ray starts and stops."""
+def test_engine_and_ray_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full checks: a tiny model in a vLLM engine generates, a local Ray starts and stops, and
+    the token file that start needed was created private (0600)."""
     pytest.importorskip("vllm")
+    token = tmp_path / "ray" / "auth_token"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))  # the child Ray start reads it; ~ untouched
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
     results = {r.name: r for r in run_checks(DoctorOptions(), names=["models", "vllm", "ray"])}
     if not results["models"].ok:
         pytest.skip(f"embedded model not prepared: {results['models'].detail}")
     assert results["vllm"].ok and "generated" in results["vllm"].detail, results["vllm"].detail
     assert results["ray"].ok and "started and stopped" in results["ray"].detail, results["ray"].detail
+    assert f"token file {token} is private" in results["ray"].detail
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+
+
+def test_ray_check_fails_on_a_readable_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token file others can read (as Ray itself writes it under a 022 umask) fails the check with the fix."""
+    token = tmp_path / "auth_token"
+    token.write_text("a" * 64)
+    token.chmod(0o644)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    (res,) = run_checks(DoctorOptions(quick=True), names=["ray"])
+    assert not res.ok and f"chmod 600 {token}" in res.detail and "mode 0644" in res.detail, res.detail
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -123,6 +123,12 @@ def test_rollout_command_end_to_end(tiny_dir, tmp_path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rollout summary" in p.stdout and "well-formed" in p.stdout and "tok/s" in p.stdout
     assert "sokoban" in p.stdout and "bandit:rev" in p.stdout
+    # Progress on stderr, one line per (iteration, env) without a terminal; library output in the run's log.
+    assert [ln.split("]")[0] for ln in p.stderr.splitlines() if ln.startswith("[rollout ")] == [
+        f"[rollout {i}/4" for i in range(1, 5)]
+    log_file = out / "e2e" / "logs" / "third_party.log"
+    assert f"[logs] library output (vLLM, Ray, transformers, MLflow): {log_file}" in p.stderr
+    assert log_file.read_text().startswith("===== ")
     store = TrajectoryStore(out, "e2e")
     assert store.iterations() == [0, 1]
     table = store.read()

@@ -72,6 +72,8 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     assert main(["eval", "--checkpoint", str(run)], out=buf) == 0
     line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit [model]:"))
     assert f"success {final['val/bandit/success']:.3f}" in line  # the HF engine's per-prompt seeds reproduce it
+    eval_log = run / "logs" / "third_party.log"  # eval's library output joins the run's
+    assert f"[logs] library output (vLLM, Ray, transformers, MLflow): {eval_log}" in buf.getvalue()
     # The registry URI resolves to the logged artifact (no copy) and evaluates the same model.
     buf = io.StringIO()
     assert main(["eval", "--model", "models:/test-train/latest", "--tracking-uri",

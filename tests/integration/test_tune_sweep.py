@@ -66,6 +66,12 @@ def test_sweep_nests_trials_then_compare_prints_and_plots(tiny_model_dir: Path, 
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     assert "[2/2]" in p.stdout and "best trial" in p.stdout and "comparison plot" in p.stdout
+    # Ray's and Tune's driver output is in the sweep's log file, not on the console.
+    log_file = run_dir / "tune" / "sw" / "logs" / "third_party.log"
+    assert f"[logs] library output (vLLM, Ray, transformers, MLflow): {log_file}" in p.stdout
+    assert "Started a local Ray instance" in log_file.read_text()
+    assert "Started a local Ray instance" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert p.stderr == "", p.stderr  # nothing from the libraries, not even at import
 
     uri = default_tracking_uri(run_dir)
     runs = find_runs(uri, "test-sweep")

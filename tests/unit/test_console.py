@@ -187,3 +187,16 @@ def test_quiet_and_verbose_flags(cmd: list[str]) -> None:
     assert parse([*cmd, "-v"]).verbosity == VERBOSE and parse([cmd[0], "--verbose", *cmd[1:]]).verbosity == VERBOSE
     with pytest.raises(SystemExit):
         parse([*cmd, "-q", "-v"])
+
+
+def test_a_console_pickles_while_it_writes_through_a_file(tmp_path: Path) -> None:
+    """Ray Tune pickles a sweep's callbacks, which hold the console; while routed, the console
+    writes through a duplicate of the terminal's fd (a file open for writing, which cannot be
+    pickled). The copy writes to its own process's stdout/stderr; the original is unchanged."""
+    import pickle
+
+    with open(tmp_path / "terminal", "w") as term:
+        c = Console(term, io.StringIO(), verbosity=QUIET)
+        copy = pickle.loads(pickle.dumps(c))
+        assert c.out is term and copy.out is sys.stdout and copy.err.getvalue() == ""
+        assert copy.verbosity == QUIET and copy.router.console is copy
