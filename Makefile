@@ -56,6 +56,20 @@ reproduce-frozen-lake: model
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 \
 		--set iterations=40 --set starpo.test_freq=20 --set checkpoint_freq=20
 
+# FrozenLake with replies cut at 24 tokens, 60 iterations, seeds 10000 and 10001, then their
+# Echo-Trap signals on one plot (~28 min; docs/results.md).
+reproduce-frozen-lake-echo-trap: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-24tok-10000 --set starpo.seed=10000 --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=60 \
+		--set starpo.test_freq=20 --set checkpoint_freq=60 --set starpo.response_length=24
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-24tok-10001 --set starpo.seed=10001 --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=60 \
+		--set starpo.test_freq=20 --set checkpoint_freq=60 --set starpo.response_length=24
+	@$(PY) scripts/plot_echo_trap_runs.py runs/repro-frozen-lake-24tok-10000 runs/repro-frozen-lake-24tok-10001 \
+		--out docs/echo_trap_frozen_lake.png
+
 # The Echo Trap on the Bandit: vanilla StarPO vs StarPO-S, 3 seeds each (~21 min).
 reproduce-echo-trap: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit.yaml

@@ -9,13 +9,15 @@ three more iterations, a validation, a checkpoint (``save_to_path``).
 
 The allocator is the CLI's (jemalloc, ``ragen_rllib.launch.allocator``); ``RAGEN_ALLOCATOR=system``
 measures glibc's malloc instead. Units: GB = 1e9 bytes.
-Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu]``
+"peak so far" is this process's high-water mark (``ru_maxrss``): what a step allocated and freed.
+Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu] [--warmup N] [--set k=v ...]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 
@@ -26,6 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="experiments/bandit_starpo_s.yaml")
     ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--warmup", type=int, default=0, help="supervised warm-up steps before RL (the config's kind)")
+    ap.add_argument("--set", action="append", default=[], help="experiment override key=value (repeatable)")
     args = ap.parse_args()
     from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
 
@@ -35,7 +39,8 @@ def main() -> None:
 
     def step(name: str) -> None:
         rss = me.memory_info().rss / 1e9
-        print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})", flush=True)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
+        print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})  peak so far {peak:.2f} GB", flush=True)
         last[0] = rss
 
     t0 = time.perf_counter()
@@ -49,13 +54,19 @@ def main() -> None:
     from ragen_rllib.trajectory import take_groups
 
     step("imports (torch, ray, vllm, mlflow, ...)")
-    cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0"])
+    cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0", *args.set])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=NO_PRESTART)
     step("ray.init")
     algo = build_config(cfg, "bench-memory").build_algo()
     step("learner built (policy + value head, fp32)")
     algo.env_runner.engine  # noqa: B018 -- the in-process engine, as the first sample builds it
     step(f"engine built (vLLM, {algo.config.starpo.engine_dtype})")
+    if args.warmup:
+        warm = cfg.get("warmup") or {}
+        tw = time.perf_counter()
+        algo.warmup(args.warmup, warm.get("kind", "random-valid"), groups=warm.get("groups", 4),
+                    group_size=warm.get("group_size", 4))
+        step(f"warm-up ({args.warmup} steps, {time.perf_counter() - tw:.0f} s; + grads, AdamW)")
 
     def iteration(i: int, label: str) -> None:
         table, _ = algo._sample_train_groups(i)

@@ -269,7 +269,16 @@ class StarPOLearner(TorchLearner):
         n_tok, n_rows = int((mask > 0).sum()), int(((mask > 0).sum(1) > 0).sum())
         sft = mode == Mode.SFT
         agg = "token-mean" if sft else p.loss_agg_mode
-        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
+        if sft and p.ppo_max_token_len_per_gpu <= 0:
+            # The warm-up's batch is all its groups (16 rows on the CPU profiles), several RL mini-batches:
+            # in one pass its activations peaked 5.2 GB above steady state on FrozenLake
+            # (benchmarks/memory.py --warmup). Micro-batches of an RL mini-batch's row count bound it by
+            # what an RL update needs; rows stay in order, so a group's shared prompt is still computed
+            # once, and the token-mean loss is the same (micro_batch_scale).
+            k, n = max(1, p.ppo_mini_batch_size), batch["attention_mask"].shape[0]
+            plan = [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+        else:
+            plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
         total, metrics = 0.0, {}
         reuse = mode == Mode.RL_FROM_UPDATE_FORWARD  # old log-probs/values from this forward
         if reuse and len(plan) != 1:

@@ -88,6 +88,54 @@ def test_micro_batches_give_the_one_pass_gradient(tiny_model_dir, ray_local, tmp
         algo.stop()
 
 
+def test_warm_up_micro_batches_give_the_one_pass_gradient(tiny_model_dir, ray_local, tmp_path) -> None:
+    """The SFT warm-up with no token budget runs micro-batches of ``ppo_mini_batch_size`` rows (in
+    order, so a group keeps its shared prompt) to bound its activation memory; its token-mean
+    cross-entropy gradient equals one pass over the whole batch."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from ragen_rllib.algorithms.starpo.update_batch import MODE, Mode
+
+    algo = _build(_params(tiny_model_dir), tmp_path, "sft-mb")
+    try:
+        learner = algo.learner_group._learner
+        module = learner.module[DEFAULT_MODULE_ID]
+        g = torch.Generator().manual_seed(1)
+        B, T = 6, 16
+        prompt = torch.randint(0, 100, (6,), generator=g)
+        ids = torch.randint(0, 100, (B, T), generator=g)
+        ids[:, :6] = prompt  # one shared prompt, as a warm-up group's demonstrations have
+        lengths = [16, 9, 12, 16, 10, 14]
+        attn = torch.zeros(B, T, dtype=torch.long)
+        mask = torch.zeros(B, T)
+        for b, n in enumerate(lengths):
+            attn[b, :n] = 1
+            mask[b, 6:n] = 1.0
+        batch = {"token_ids": ids, "attention_mask": attn, "loss_mask": mask,
+                 MODE: torch.full((B,), int(Mode.SFT), dtype=torch.long)}
+
+        def grads(rows_per_micro_batch: int) -> dict[str, torch.Tensor]:
+            cfg = learner.config
+            cfg._is_frozen = False
+            cfg.starpo = dataclasses.replace(cfg.starpo, ppo_max_token_len_per_gpu=0,
+                                             ppo_mini_batch_size=rows_per_micro_batch)
+            cfg._is_frozen = True
+            loss = learner.compute_loss_for_module(module_id=DEFAULT_MODULE_ID, config=cfg, batch=batch,
+                                                   fwd_out=module.forward_train(batch))
+            learner.compute_gradients({DEFAULT_MODULE_ID: loss})
+            return {n: q.grad.detach().clone() for n, q in module.named_parameters() if q.grad is not None}
+
+        one_pass = grads(B)
+        assert learner.metrics.peek((DEFAULT_MODULE_ID, "actor/micro_batches")) == 1
+        micro = grads(2)
+        assert learner.metrics.peek((DEFAULT_MODULE_ID, "actor/micro_batches")) == 3
+        assert set(one_pass) == set(micro) and len(one_pass) > 10
+        for name in one_pass:
+            assert torch.allclose(micro[name], one_pass[name], atol=1e-6, rtol=1e-4), name
+    finally:
+        algo.stop()
+
+
 def test_update_trains_each_row_once_per_epoch(tiny_model_dir, ray_local, tmp_path) -> None:
     """Bug B on the real stack: 6 rows, mini-batches of 4, 2 epochs -> 4 optimizer steps over rows
     [0..3], [4, 5], [0..3], [4, 5] (RLlib's cyclic iterator trained [0..3], [4, 5, 0, 1])."""

@@ -76,7 +76,7 @@ def _train(argv: list[str], model: Path, tmp_path: Path) -> None:
 
 def test_targets_are_found() -> None:
     assert {"reproduce-baselines", "reproduce-bandit", "reproduce-frozen-lake", "reproduce-echo-trap",
-            "reproduce-filter-ratio"} <= set(TARGETS), TARGETS
+            "reproduce-filter-ratio", "reproduce-frozen-lake-echo-trap"} <= set(TARGETS), TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -103,5 +103,12 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                 "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
             assert "| env | policy |" in p.stdout and len(list(out.glob("*.json"))) == 4, p.stdout
+        elif argv[0] == "scripts/plot_echo_trap_runs.py":  # plots the runs the target's trains wrote
+            runs = [str(tmp_path / "runs" / Path(a).name) for a in argv[1:argv.index("--out")]]
+            out = tmp_path / "echo.png"
+            p = subprocess.run([sys.executable, argv[0], *runs, "--out", str(out)], cwd=ROOT, capture_output=True,
+                               text=True, timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert out.stat().st_size > 0 and p.stdout.count("first signals") == len(runs), p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")
