@@ -64,7 +64,8 @@ class VLLMEngine:
 
     Args:
         model_path: a local HF model folder or a known model name (``resolve_model``).
-        dtype: ``"auto"`` = ``"bfloat16"`` with CUDA, ``"float32"`` otherwise; or any vLLM dtype.
+        dtype: ``"auto"`` = ``"bfloat16"`` with CUDA or on a CPU with bf16 instructions, ``"float32"``
+            otherwise (``ragen_rllib.hardware.resolve_engine_dtype``); or any vLLM dtype.
         max_model_len: longest prompt + reply, in tokens.
         seed: engine seed (requests without a per-request seed draw from it).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; see the module
@@ -101,12 +102,12 @@ class VLLMEngine:
         detokenize: bool = False,
         **llm_kwargs: Any,
     ) -> None:
+        from ragen_rllib.hardware import resolve_engine_dtype
         from ragen_rllib.models import resolve_model
 
         self.model_path = resolve_model(str(model_path))
         cuda = _cuda_available()
-        if dtype == "auto":
-            dtype = "bfloat16" if cuda else "float32"
+        dtype = resolve_engine_dtype(dtype, cuda)
         if not cuda:
             llm_kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
         if kv_cache_memory_bytes is None and not cuda:

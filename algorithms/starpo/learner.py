@@ -34,6 +34,7 @@ from ragen_rllib.algorithms.starpo import update_batch as U
 from ragen_rllib.algorithms.starpo.backends import LearnerBackend, TorchBackend
 from ragen_rllib.algorithms.starpo.update_batch import Mode
 from ragen_rllib.core import starpo as S
+from ragen_rllib.hardware import resolve_bf16
 
 #: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
 DEFER_FORWARD = "defer_forward"
@@ -77,7 +78,7 @@ class StarPOLearner(TorchLearner):
 
             cfg = build_ds_config(zero_stage=p.zero_stage, offload_optimizer=p.offload_optimizer,
                                   grad_clip=p.grad_clip, actor_lr=p.actor_lr, weight_decay=p.weight_decay,
-                                  bf16=p.bf16_autocast and torch.cuda.is_available(),
+                                  bf16=torch.cuda.is_available() and resolve_bf16(p.bf16_autocast, "cuda"),
                                   user=load_user_config(p.deepspeed_config))
             separate = getattr(module, "critic_type", None) == "separate"
             self._backend = DeepSpeedBackend(module, actor, critic, cfg, p.actor_lr, p.critic_lr,

@@ -51,6 +51,7 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "int | None": (lambda v: v is None or _is_int(v), "an int or null"),
     "float": (_is_number, "a number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "bool | str": (lambda v: isinstance(v, bool) or v == "auto", "true, false or 'auto'"),
     "Mapping[str, Any]": (lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v),
                           "a mapping of field: value"),
     "tuple[str, ...]": (lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
@@ -67,7 +68,7 @@ class StarPOParams:
     # --- model and engine
     model: str = "smollm2-135m-instruct"  # known name or local HF folder
     engine: str = "vllm"  # rollout engine in the env runners
-    engine_dtype: str = "auto"  # vLLM weights/KV dtype; "auto": bfloat16 on GPUs, float32 on CPU (HF engine: fp32)
+    engine_dtype: str = "auto"  # vLLM weights/KV; "auto": bf16 on GPUs and bf16-capable CPUs, else fp32 (HF: fp32)
     # --- rollout (RAGEN es_manager / agent_proxy)
     env: str = "bandit"  # env or env:variant
     env_config: Mapping[str, Any] = field(default_factory=dict)
@@ -141,7 +142,9 @@ class StarPOParams:
     zero_stage: int = 2  # DeepSpeed ZeRO stage 1, 2 or 3
     offload_optimizer: bool = False  # ZeRO-Offload of the optimizer state to CPU (compiles cpu_adam once)
     deepspeed_config: str | None = None  # a user DeepSpeed JSON; merged under the fields above
-    bf16_autocast: bool = False  # learner forward/backward under bf16 autocast (CPU with avx512_bf16, GPUs)
+    # Learner forward/backward under bf16 autocast. "auto": on where the device computes bf16 natively
+    # (GPUs; CPUs with avx512_bf16 / amx_bf16), off elsewhere: bf16 is emulated, and ~25x slower, there.
+    bf16_autocast: bool | str = False
     # --- learner speed (exact: same log-probs, values and gradients, tested)
     share_prefix: bool = True  # a prefix shared by several rows (a group's first prompt) is forwarded once
     # With one epoch, one mini-batch and one micro-batch (StarPO-S on the CPU profiles), the old

@@ -44,7 +44,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM policy (+ critic) as a TorchRLModule.
 
     ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
-    docstring), ``bf16_autocast`` (bool), ``share_prefix`` (bool, default True), ``temperature``
+    docstring), ``bf16_autocast`` (bool, or ``"auto"``: on where the device computes bf16 natively),
+    ``share_prefix`` (bool, default True), ``temperature``
     (float > 0, default 1.0: the sampling temperature the training log-probs are taken at), ``seed``
     (value-head init), and for LoRA ``lora_rank``
     (int, 0 = off), ``lora_alpha`` (float), ``lora_dropout`` (float), ``lora_target_modules``
@@ -66,7 +67,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                                  dropout=float(cfg.get("lora_dropout", 0.0)),
                                  targets=tuple(cfg.get("lora_target_modules", ("all-linear",))))
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
-        self.bf16_autocast = bool(cfg.get("bf16_autocast", False))
+        # Resolved per device type at the first forward: the module is built on CPU and may move to a GPU.
+        self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
+        self._bf16_by_device: dict[str, bool] = {}
         self.share_prefix = bool(cfg.get("share_prefix", True))
         self.temperature = float(cfg.get("temperature", 1.0))
         if not self.temperature > 0:
@@ -87,6 +90,14 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
     @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
         return ["critic_trunk", "value_head"]
+
+    def bf16_autocast_on(self, device_type: str) -> bool:
+        """Whether forwards on ``device_type`` (``"cpu"`` / ``"cuda"``) run under bf16 autocast."""
+        if device_type not in self._bf16_by_device:
+            from ragen_rllib.hardware import resolve_bf16
+
+            self._bf16_by_device[device_type] = resolve_bf16(self._bf16_setting, device_type)
+        return self._bf16_by_device[device_type]
 
     # ------------------------------------------------------------------ forward
     def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -148,8 +159,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         """
         sel = loss_mask[:, 1:] > 0  # (B, T-1): predicting token t from position t-1
         out: dict[str, torch.Tensor] = {}
-        ctx = torch.autocast("cpu" if token_ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
-                             enabled=self.bf16_autocast)
+        device = "cpu" if token_ids.device.type == "cpu" else "cuda"
+        ctx = torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16_autocast_on(device))
         share = self.share_prefix if share_prefix is None else share_prefix
         plan = plan_shared_prefixes(token_ids, attention_mask, loss_mask) if share else None
         with ctx:

@@ -9,7 +9,7 @@ why). One ``algo.train()`` must validate, sample, filter, update and sync weight
 
 Not covered here (GPU-only branches of the same code): DeepSpeed's own bf16 mode (the learner
 enables ``bf16.enabled`` only when CUDA is available), vLLM's ``gpu_memory_utilization`` KV-cache
-sizing and its bf16 ``engine_dtype: auto`` (float32 on CPU). The ``gpu``-marked tests and
+sizing and its bf16 ``engine_dtype: auto`` (float32 on a CPU without bf16 instructions). The ``gpu``-marked tests and
 ``benchmarks/gpu_check.sh`` cover those on a real GPU.
 
 Runtime on a 2-core box: 7-13 s per experiment plus ~11 s of fixtures, 1.5-2 min for the module
@@ -27,18 +27,12 @@ from typing import Any
 
 import pytest
 
+from ragen_rllib.hardware import cpu_has_native_bf16, resolve_bf16
+
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*_starpo*.yaml"))
-
-
-def _cpu_has_bf16() -> bool:
-    """bf16 autocast on CPU needs avx512_bf16 (PyTorch falls back to very slow emulation otherwise)."""
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
 
 
 def cpu_overrides(gpu_cfg: dict[str, Any], model: Path, run_dir: Path) -> list[str]:
@@ -67,7 +61,7 @@ def cpu_overrides(gpu_cfg: dict[str, Any], model: Path, run_dir: Path) -> list[s
     ]
     # no GPU: every GPU resource key of the rllib section (num_gpus_per_learner: 1 in the profiles)
     out += [f"rllib.{key}=0" for key in (gpu_cfg.get("rllib") or {}) if key.startswith("num_gpus")]
-    if starpo.get("bf16_autocast") and not _cpu_has_bf16():
+    if starpo.get("bf16_autocast") is True and not cpu_has_native_bf16():
         # bf16 autocast on a CPU without avx512_bf16 is emulated (far too slow): off there only
         out.append("starpo.bf16_autocast=False")
     return out
@@ -139,7 +133,7 @@ def test_gpu_profile_runs_one_iteration_on_cpu(path: Path, tiny_model_dir: Path,
         assert all(eng.zero_optimization_stage() == 2 for eng, _ in engines.values())
         # Separate critic (the gpu profiles): actor and critic are two engines, each clipped by its own norm.
         assert set(engines) == ({"actor", "critic"} if params.critic_type == "separate" else {"actor"})
-        assert learner.module[DEFAULT_MODULE_ID].bf16_autocast is params.bf16_autocast
+        assert learner.module[DEFAULT_MODULE_ID].bf16_autocast_on("cpu") is resolve_bf16(params.bf16_autocast, "cpu")
         result = algo.train()
         assert type(algo.env_runner.engine).__name__ == "VLLMEngine"
     finally:

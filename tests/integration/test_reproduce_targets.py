@@ -76,7 +76,8 @@ def _train(argv: list[str], model: Path, tmp_path: Path) -> None:
 
 def test_targets_are_found() -> None:
     assert {"reproduce-baselines", "reproduce-bandit", "reproduce-frozen-lake", "reproduce-echo-trap",
-            "reproduce-filter-ratio", "reproduce-frozen-lake-echo-trap"} <= set(TARGETS), TARGETS
+            "reproduce-filter-ratio", "reproduce-frozen-lake-echo-trap",
+            "reproduce-expert-sft-rl"} <= set(TARGETS), TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS)
