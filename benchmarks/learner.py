@@ -10,7 +10,8 @@ optimizer step on it per repetition; medians over ``--reps`` after one warm-up r
    log-probs and values from the update's own forward.
 2. **ours, unshared**: the same with ``share_prefix`` off (every row forwards its own prompt).
 3. **ours, separate old-log-prob pass**: ``reuse_update_forward`` off (a no-grad pass first).
-4. **bare torch**: the same model, value head, bf16 autocast and fused AdamW in a hand-written loop
+4. **bare torch**: the same model, value head, autocast setting (the profile's ``bf16_autocast: auto``:
+   bf16 where the CPU has bf16 instructions, fp32 elsewhere) and fused AdamW in a hand-written loop
    with no RLlib and no prefix sharing: forward, log-probs at sampled positions only, PPO
    clipped loss + value loss, backward, clip, step. "learner / bare" >= 0.9 is the goal.
 5. **bare torch, full logits**: the same but logits at every position (what a plain
@@ -33,6 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from ragen_rllib.hardware import resolve_bf16
 
 
 def _demo_table(params: Any, groups: int, group_size: int) -> Any:
@@ -79,7 +82,7 @@ def _median_s(fn: Callable[[], Any], reps: int) -> float:
 def _bare_step(model: Any, head: Any, opt: Any, t: dict[str, torch.Tensor], full_logits: bool, clip: float) -> None:
     ids, attn, mask = t["ids"], t["attn"], t["mask"]
     sel = mask[:, 1:] > 0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolve_bf16("auto", "cpu")):
         if full_logits:
             out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
             logits = out.logits[:, :-1][sel].float()

@@ -173,7 +173,7 @@ def check_python(opts: DoctorOptions) -> str:
 
 
 def check_torch(opts: DoctorOptions) -> str:
-    """torch imports, within the pin; report CUDA or CPU, GPUs and threads."""
+    """torch imports, within the pin; report CUDA or CPU, GPUs, threads and bf16 (what ``auto`` picks)."""
     try:
         import torch
     except ImportError as e:
@@ -187,7 +187,11 @@ def check_torch(opts: DoctorOptions) -> str:
         build = f"CUDA {torch.version.cuda} build, no GPU visible (CUDA_VISIBLE_DEVICES?)"
     else:
         build = "CPU build"
-    return f"{torch.__version__}, {build}, {torch.get_num_threads()} threads on {os.cpu_count()} CPUs"
+    from ragen_rllib.hardware import cpu_has_native_bf16
+
+    bf16 = ("CPU computes bf16 natively (auto: bf16)" if cpu_has_native_bf16()
+            else "CPU emulates bf16 (auto: fp32 on CPU)")
+    return f"{torch.__version__}, {build}, {torch.get_num_threads()} threads on {os.cpu_count()} CPUs, {bf16}"
 
 
 def check_models(opts: DoctorOptions) -> str:

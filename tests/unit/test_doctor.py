@@ -89,3 +89,12 @@ def test_command_prints_one_line_per_check_and_fails_if_any_fails(monkeypatch: p
     assert lines[2].startswith("FAIL c: the check itself failed") and "KeyError" in lines[2]
     monkeypatch.setattr(doctor, "CHECKS", {"a": good})
     assert cli.main(["doctor"], out=io.StringIO()) == 0
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_torch_check_says_what_auto_bf16_picks(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    from ragen_rllib import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
+    line = doctor.check_torch(DoctorOptions())
+    assert ("natively (auto: bf16)" if native else "emulates bf16 (auto: fp32 on CPU)") in line, line

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -90,18 +89,6 @@ def test_generation_gives_up_after_bounded_tries(monkeypatch):
     env = SokobanEnv(max_generation_tries=3)
     with pytest.raises(RuntimeError, match="failed 3 times"):
         env.reset(seed=0)
-
-
-def test_generation_speed():
-    # Env work must never dominate a rollout: a reset is far below one LLM turn.
-    for variant, bound_ms in (("simple", 20.0), ("larger", 100.0), ("new_vocab", 20.0)):
-        env = _env(variant)
-        t = time.perf_counter()
-        for seed in range(100):
-            env.reset(seed=seed)
-        ms = (time.perf_counter() - t) * 10.0
-        print(f"\n{variant}: {ms:.2f} ms per reset")
-        assert ms < bound_ms
 
 
 # ------------------------------------------------------------------------- dynamics/rewards
@@ -233,15 +220,12 @@ def test_solver_unsolvable_capped_and_solved():
     assert solve_room(walls, on, on, (1, 1)) == []
 
 
-def test_solver_is_fast_on_larger_rooms():
+def test_solver_finds_plans_on_larger_rooms():
+    # Reset and solve times are measured in benchmarks/envs.py (make bench-envs), not asserted here.
     env = _env("larger")
-    t = time.perf_counter()
     for seed in range(20):
         env.reset(seed=seed)
         assert env.solve() is not None
-    ms = (time.perf_counter() - t) * 1000 / 20
-    print(f"\nlarger: {ms:.2f} ms per reset + solve")
-    assert ms < 200
 
 
 # ------------------------------------------------------------------------- config/registry
