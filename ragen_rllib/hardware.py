@@ -1,8 +1,8 @@
 """Whether this machine computes bfloat16 natively, and what ``"auto"`` dtype settings resolve to.
 
 bf16 on a CPU without bf16 instructions is emulated: on a 2-core AVX2 AMD EPYC (no AVX-512),
-SmolLM2-135M forward+backward under bf16 autocast took 25x as long as in fp32, and vLLM generated
-4.4x more slowly in bf16 than in fp32 (``benchmarks/bf16_cpu.py``). On CPUs with ``avx512_bf16`` /
+SmolLM2-135M forward+backward under bf16 autocast took 17-25x as long as in fp32, and vLLM generated
+4.4-4.7x more slowly in bf16 than in fp32 (``benchmarks/bf16_cpu.py``). On CPUs with ``avx512_bf16`` /
 ``amx_bf16`` bf16 is the faster choice. So the ``cpu`` profiles say ``auto`` and this module decides.
 
 Stdlib only at import; torch is imported lazily for the CUDA query.
