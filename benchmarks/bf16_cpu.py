@@ -71,11 +71,8 @@ def main() -> None:
     ap.add_argument("--skip-engine", action="store_true", help="the learner ratio only (no vLLM)")
     args = ap.parse_args()
     t_all = time.perf_counter()
-    try:
-        flags = H.cpu_flags(Path("/proc/cpuinfo").read_text()) & H.NATIVE_BF16_FLAGS
-    except OSError:
-        flags = frozenset()
-    print(f"CPU bf16 flags: {sorted(flags) or 'none'}; auto -> bf16_autocast={H.resolve_bf16('auto', 'cpu')}, "
+    print(f"CPU bf16 flags: {sorted(H.native_bf16_cpu_flags()) or 'none'}; "
+          f"auto -> bf16_autocast={H.resolve_bf16('auto', 'cpu')}, "
           f"engine_dtype={H.resolve_engine_dtype('auto', cuda=False)}")
     lr = _learner(args.model, args.reps, args.rows, args.tokens)
     print(f"learner fwd+bwd, {args.rows} x {args.tokens} tokens: fp32 {lr['fp32']:.2f} s, "

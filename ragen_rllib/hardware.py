@@ -31,13 +31,18 @@ def cpu_flags(cpuinfo: str) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU has bf16 instructions (False where ``/proc/cpuinfo`` is unreadable)."""
+def native_bf16_cpu_flags() -> frozenset[str]:
+    """This CPU's flags among ``NATIVE_BF16_FLAGS`` (empty where ``/proc/cpuinfo`` is unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return bool(cpu_flags(text) & NATIVE_BF16_FLAGS)
+        return frozenset()
+    return cpu_flags(text) & NATIVE_BF16_FLAGS
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU has bf16 instructions."""
+    return bool(native_bf16_cpu_flags())
 
 
 def native_bf16(device_type: str) -> bool:

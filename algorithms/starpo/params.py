@@ -143,7 +143,7 @@ class StarPOParams:
     offload_optimizer: bool = False  # ZeRO-Offload of the optimizer state to CPU (compiles cpu_adam once)
     deepspeed_config: str | None = None  # a user DeepSpeed JSON; merged under the fields above
     # Learner forward/backward under bf16 autocast. "auto": on where the device computes bf16 natively
-    # (GPUs; CPUs with avx512_bf16 / amx_bf16), off elsewhere: bf16 is emulated, and ~25x slower, there.
+    # (GPUs; CPUs with avx512_bf16 / amx_bf16), off elsewhere: bf16 is emulated, and 17-25x slower, there.
     bf16_autocast: bool | str = False
     # --- learner speed (exact: same log-probs, values and gradients, tested)
     share_prefix: bool = True  # a prefix shared by several rows (a group's first prompt) is forwarded once

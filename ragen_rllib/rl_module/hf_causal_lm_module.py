@@ -67,9 +67,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                                  dropout=float(cfg.get("lora_dropout", 0.0)),
                                  targets=tuple(cfg.get("lora_target_modules", ("all-linear",))))
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
-        # Resolved per device type at the first forward: the module is built on CPU and may move to a GPU.
+        # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
-        self._bf16_by_device: dict[str, bool] = {}
         self.share_prefix = bool(cfg.get("share_prefix", True))
         self.temperature = float(cfg.get("temperature", 1.0))
         if not self.temperature > 0:
@@ -93,11 +92,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     def bf16_autocast_on(self, device_type: str) -> bool:
         """Whether forwards on ``device_type`` (``"cpu"`` / ``"cuda"``) run under bf16 autocast."""
-        if device_type not in self._bf16_by_device:
-            from ragen_rllib.hardware import resolve_bf16
+        from ragen_rllib.hardware import resolve_bf16
 
-            self._bf16_by_device[device_type] = resolve_bf16(self._bf16_setting, device_type)
-        return self._bf16_by_device[device_type]
+        return resolve_bf16(self._bf16_setting, device_type)
 
     # ------------------------------------------------------------------ forward
     def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
