@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -88,6 +88,19 @@ reproduce-echo-trap: model
 # Filter-ratio ablation on the Bandit: keep 25 / 50 / 100 % of groups, 3 seeds each.
 reproduce-filter-ratio: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/filter_ratio_bandit.yaml
+
+# RAGEN-2's top-p reward-std filter in the same ablation: linear and softmax modes, p = 0.9, zero-std
+# groups excluded, 3 seeds each (docs/results.md).
+reproduce-filter-top-p: model
+	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/filter_top_p_bandit.yaml
+
+# The think format: the Bandit CPU profile with <think>...</think><answer>...</answer> replies (warm-up
+# on think-format demonstrations with neutral thoughts of 3-16 words), 48 tokens a reply; the think
+# length is logged as rollout/think_words_mean (docs/results.md).
+reproduce-think: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/bandit_starpo_s.yaml --profile cpu \
+		--run-name repro-bandit-think --set starpo.seed=10000 --set starpo.enable_think=true \
+		--set starpo.response_length=48
 
 bench-rollout: model
 	@$(PY) benchmarks/rollout.py

@@ -21,6 +21,7 @@ stepped once per training iteration by the Algorithm (``apply_lr_schedule``).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -161,28 +162,20 @@ class StarPOLearner(TorchLearner):
         if np.any(batch["policy_version"] != policy_version):
             raise RuntimeError(f"off-policy rows: learner at policy_version {policy_version}, rows carry "
                                f"{sorted(set(int(v) for v in batch['policy_version']))}")
-        module = self._policy_module()
         p = self.config.starpo
         shape = batch["token_ids"].shape
         keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if p.kl_mode != "off" else [])
         out = {k: np.zeros(shape, dtype=np.float32) for k in keys}
-        plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), p.ppo_max_token_len_per_gpu)
-        was_training = module.training
-        module.eval()  # old/reference log-probs without dropout (e.g. lora_dropout > 0)
-        with torch.no_grad():
-            for idx in plan:
-                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
-                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
-                     for k in ("token_ids", "attention_mask", "loss_mask")}
-                sc = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=True,
-                                  with_entropy=True)
-                out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
-                out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
-                if "values" in sc:
-                    out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
-                if p.kl_mode != "off":
-                    out["ref_logp"][idx, :t_len] = self._ref_logp(module, t)
-        module.train(was_training)
+
+        def keep(idx: list[int], t_len: int, t: dict[str, torch.Tensor], sc: dict[str, torch.Tensor]) -> None:
+            out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
+            out["entropy"][idx, :t_len] = sc["entropy"].cpu().numpy()
+            if "values" in sc:
+                out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
+            if p.kl_mode != "off":
+                out["ref_logp"][idx, :t_len] = self._ref_logp(self._policy_module(), t)
+
+        self._score_micro_batches(batch, keep, with_values=True, with_entropy=True)
         return out
 
     def sequence_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -199,22 +192,41 @@ class StarPOLearner(TorchLearner):
         Returns:
             (B,) float64, nats.
         """
-        module = self._policy_module()
         out = np.zeros(batch["token_ids"].shape[0], dtype=np.float64)
+
+        def keep(idx: list[int], t_len: int, t: dict[str, torch.Tensor], sc: dict[str, torch.Tensor]) -> None:
+            out[idx] = sc["logp"].double().sum(1).cpu().numpy()
+
+        self._score_micro_batches(batch, keep, with_values=False, with_entropy=False)
+        return out
+
+    def _score_micro_batches(self, batch: dict[str, np.ndarray],
+                             keep: Callable[[list[int], int, dict[str, torch.Tensor], dict[str, torch.Tensor]], None],
+                             *, with_values: bool, with_entropy: bool) -> None:
+        """Score ``batch`` under the current policy, one micro-batch at a time, and hand each to ``keep``.
+
+        The one scoring loop of the pre-update pass and of ``sequence_logprobs``: eval mode (no
+        dropout), no gradient, micro-batches of ``ppo_max_token_len_per_gpu`` padded tokens (0: one
+        pass), each cut to its longest row. ``keep(rows, t_len, tensors, score)`` receives the row
+        indices, that length, the micro-batch's ``token_ids`` / ``attention_mask`` / ``loss_mask``
+        (len(rows), t_len) on the learner's device and ``module.score``'s output (``logp``, and
+        ``values`` / ``entropy`` when asked, each (len(rows), t_len) float32).
+        """
+        module = self._policy_module()
         max_tokens = self.config.starpo.ppo_max_token_len_per_gpu
         plan = S.plan_micro_batches(batch["attention_mask"].sum(1).tolist(), max_tokens)
         was_training = module.training
         module.eval()
-        with torch.no_grad():
-            for idx in plan:
-                t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
-                t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
-                     for k in ("token_ids", "attention_mask", "loss_mask")}
-                logp = module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(), with_values=False,
-                                    with_entropy=False)["logp"]
-                out[idx] = logp.double().sum(1).cpu().numpy()
-        module.train(was_training)
-        return out
+        try:
+            with torch.no_grad():
+                for idx in plan:
+                    t_len = max(1, int(batch["attention_mask"][idx].sum(1).max()))
+                    t = {k: torch.as_tensor(batch[k][idx, :t_len]).to(self._device)
+                         for k in ("token_ids", "attention_mask", "loss_mask")}
+                    keep(idx, t_len, t, module.score(t["token_ids"], t["attention_mask"], t["loss_mask"].float(),
+                                                     with_values=with_values, with_entropy=with_entropy))
+        finally:
+            module.train(was_training)
 
     def _ref_logp(self, module: Any, t: dict[str, torch.Tensor]) -> np.ndarray:
         """Reference-policy log-probs (B, t) of one micro-batch: the frozen copy, or the LoRA base."""

@@ -20,6 +20,17 @@ from ragen_rllib.envs.base import TextEnv
 
 DEMO_KINDS = ("random-valid", "expert")
 
+#: Think-block texts of the think-format demonstrations, one drawn per reply: neutral (they name no
+#: action and no strategy, so the warm-up teaches the format only) and of different lengths (3 to 16
+#: words), so that whether RL lengthens or shortens thinking (``rollout/think_words_mean``) is
+#: visible from a spread-out start rather than one fixed length.
+DEMO_THOUGHTS = (
+    "Let me decide.",
+    "I will look at the state and choose.",
+    "Let me read the observation carefully before I answer.",
+    "I should check what each option does here, then pick the one that seems best to me.",
+)
+
 
 def _frozen_lake_path(env) -> list[str]:
     from ragen_rllib.envs.frozen_lake import _DELTA
@@ -85,14 +96,27 @@ def demo_actions(env: TextEnv, kind: str, rng: np.random.Generator, max_actions:
     raise ValueError(f"no expert policy for {name}")
 
 
-def demo_reply(actions: list[str], enable_think: bool, sep: str = "||", thought: str = "Let me decide.") -> str:
-    """Reply text *after* the forced prefix (``<think>`` or ``<answer>``), ending at ``</answer>``."""
+def demo_reply(actions: list[str], enable_think: bool, sep: str = "||", thought: str = DEMO_THOUGHTS[0]) -> str:
+    """Reply text *after* the forced prefix (``<think>`` or ``<answer>``), ending at ``</answer>``.
+
+    ``thought`` is the think block's text (used only with ``enable_think``)."""
     answer = f" {f' {sep} '.join(actions)} </answer>"
     return f"{thought}</think><answer>{answer}" if enable_think else answer
 
 
 def make_demo_fn(kind: str, seed: int, enable_think: bool, max_actions: int,
                  sep: str = "||") -> Callable[[TextEnv], str]:
-    """A ``env -> reply text`` function for ``RolloutLoop.run(demo_fn=...)``."""
+    """A ``env -> reply text`` function for ``RolloutLoop.run(demo_fn=...)``.
+
+    With ``enable_think`` each reply's thought is drawn from ``DEMO_THOUGHTS`` by a second stream
+    of the same seed, so the actions drawn are the same with and without thinking."""
     rng = np.random.default_rng(seed)
-    return lambda env: demo_reply(demo_actions(env, kind, rng, max_actions), enable_think, sep)
+    thought_rng = np.random.default_rng([seed, 1])
+
+    def reply(env: TextEnv) -> str:
+        actions = demo_actions(env, kind, rng, max_actions)
+        if not enable_think:
+            return demo_reply(actions, False, sep)
+        return demo_reply(actions, True, sep, DEMO_THOUGHTS[int(thought_rng.integers(len(DEMO_THOUGHTS)))])
+
+    return reply

@@ -5,7 +5,7 @@ import pytest
 
 from ragen_rllib.algorithms.starpo.params import PRESETS, StarPOParams, starpo, starpo_s
 from ragen_rllib.envs import make_env
-from ragen_rllib.envs.demos import demo_actions, demo_reply
+from ragen_rllib.envs.demos import DEMO_THOUGHTS, demo_actions, demo_reply, make_demo_fn
 from ragen_rllib.prompting import PromptConfig, execute_reply
 
 
@@ -36,6 +36,25 @@ def test_random_valid_demonstrations_are_well_formed_and_valid(env_name: str, th
         reply = cfg.generation_prefix + demo_reply(demo_actions(env, "random-valid", rng, 5), enable_think=think)
         out = execute_reply(env, reply, cfg)
         assert out.parsed.well_formed and out.num_invalid == 0 and out.num_valid >= 1
+
+
+def test_think_demonstrations_vary_the_thought_but_not_the_actions() -> None:
+    """Think-format demos draw their thought from DEMO_THOUGHTS (spread-out lengths) on a separate
+    stream: the answers are those of the no-think demos with the same seed."""
+    think, plain = make_demo_fn("random-valid", 7, True, 5), make_demo_fn("random-valid", 7, False, 5)
+    thoughts = []
+    for seed in range(40):
+        env = make_env("sokoban")
+        env.reset(seed=seed)
+        t, a = think(env), plain(env)
+        thought, answer = t.split("</think><answer>")
+        assert answer == a and thought in DEMO_THOUGHTS
+        thoughts.append(thought)
+        out = execute_reply(env, PromptConfig(enable_think=True).generation_prefix + t, PromptConfig(enable_think=True))
+        assert out.parsed.well_formed
+    assert set(thoughts) == set(DEMO_THOUGHTS)
+    lengths = sorted(len(x.split()) for x in DEMO_THOUGHTS)
+    assert lengths[0] <= 3 and lengths[-1] >= 12
 
 
 def test_presets_match_ragen() -> None:
