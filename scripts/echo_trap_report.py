@@ -1,6 +1,8 @@
 """Per trial of a sweep (``runs/tune/<sweep name>``): the iteration each Echo-Trap signal first
 fired, the iteration training success first fell below half its start, and the curves (success,
-in-group reward std, entropy, grad norm, validation, well-formed rate), one value per iteration.
+in-group reward std, entropy, grad norm, validation, well-formed rate, groups kept, optimizer steps,
+and RAGEN-2's MI estimate and retrieval accuracy above chance where logged), one value per iteration
+(nan where an iteration did not log it).
 
     .venv/bin/python scripts/echo_trap_report.py runs/tune/<sweep name>
 """
@@ -15,6 +17,9 @@ FLAGS = {FLAG_PREFIX + s for s in SIGNALS}  # the 0/1 flags (echo/mi_* are value
 
 root = sys.argv[1]
 for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
+    if not glob.glob(f"{d}/result.json"):
+        print(f"== {d}: no result.json yet (trial not started or still in its warm-up)")
+        continue
     with open(f"{d}/result.json") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     name = d.split("_", 3)[-1].split("_2026")[0]
@@ -32,5 +37,6 @@ for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
     final_val = rows[-1].get("val/bandit/success")
     print(f"== {name}: success halves at it. {fall}; first fired: {first}; final val {final_val}")
     for key in ("rollout/success", "filter/std_all_mean", "actor/entropy", "actor/grad_norm", "val/bandit/success",
-                "rollout/well_formed_rate"):
-        print(f"   {key:<26} {fmt(key)}")
+                "rollout/well_formed_rate", "filter/kept_groups", "actor/optimizer_steps", "echo/mi_estimate",
+                "echo/mi_retrieval_above_chance"):
+        print(f"   {key:<31} {fmt(key)}")
