@@ -95,7 +95,7 @@ reproduce-filter-top-p: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/filter_top_p_bandit.yaml
 
 # The think format: the Bandit CPU profile with <think>...</think><answer>...</answer> replies (warm-up
-# on think-format demonstrations with neutral thoughts of 3-16 words), 48 tokens a reply; the think
+# on think-format demonstrations with neutral thoughts of 3-17 words), 48 tokens a reply; the think
 # length is logged as rollout/think_words_mean (docs/results.md).
 reproduce-think: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/bandit_starpo_s.yaml --profile cpu \

@@ -21,7 +21,7 @@ from ragen_rllib.envs.base import TextEnv
 DEMO_KINDS = ("random-valid", "expert")
 
 #: Think-block texts of the think-format demonstrations, one drawn per reply: neutral (they name no
-#: action and no strategy, so the warm-up teaches the format only) and of different lengths (3 to 16
+#: action and no strategy, so the warm-up teaches the format only) and of different lengths (3 to 17
 #: words), so that whether RL lengthens or shortens thinking (``rollout/think_words_mean``) is
 #: visible from a spread-out start rather than one fixed length.
 DEMO_THOUGHTS = (
