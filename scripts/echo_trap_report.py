@@ -9,6 +9,7 @@ and RAGEN-2's MI estimate and retrieval accuracy above chance where logged), one
 
 import glob
 import json
+import os
 import sys
 
 from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
@@ -17,7 +18,7 @@ FLAGS = {FLAG_PREFIX + s for s in SIGNALS}  # the 0/1 flags (echo/mi_* are value
 
 root = sys.argv[1]
 for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
-    if not glob.glob(f"{d}/result.json"):
+    if not os.path.exists(f"{d}/result.json"):
         print(f"== {d}: no result.json yet (trial not started or still in its warm-up)")
         continue
     with open(f"{d}/result.json") as f:

@@ -166,6 +166,7 @@ class StarPOLearner(TorchLearner):
         shape = batch["token_ids"].shape
         keys = ["old_logp", "entropy", "old_values"] + (["ref_logp"] if p.kl_mode != "off" else [])
         out = {k: np.zeros(shape, dtype=np.float32) for k in keys}
+        module = self._policy_module()
 
         def keep(idx: list[int], t_len: int, t: dict[str, torch.Tensor], sc: dict[str, torch.Tensor]) -> None:
             out["old_logp"][idx, :t_len] = sc["logp"].cpu().numpy()
@@ -173,7 +174,7 @@ class StarPOLearner(TorchLearner):
             if "values" in sc:
                 out["old_values"][idx, :t_len] = sc["values"].cpu().numpy()
             if p.kl_mode != "off":
-                out["ref_logp"][idx, :t_len] = self._ref_logp(self._policy_module(), t)
+                out["ref_logp"][idx, :t_len] = self._ref_logp(module, t)
 
         self._score_micro_batches(batch, keep, with_values=True, with_entropy=True)
         return out
