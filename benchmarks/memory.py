@@ -9,7 +9,8 @@ three more iterations, a validation, a checkpoint (``save_to_path``).
 
 The allocator is the CLI's (jemalloc, ``ragen_rllib.launch.allocator``); ``RAGEN_ALLOCATOR=system``
 measures glibc's malloc instead. Units: GB = 1e9 bytes.
-"peak so far" is this process's high-water mark (``ru_maxrss``): what a step allocated and freed.
+"peak during" is this process's high-water mark within the step (Linux ``VmHWM``, reset after each
+step): what a step allocated and freed; "peak so far" the largest of them.
 Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu] [--warmup N] [--set k=v ...]``
 """
 
@@ -17,11 +18,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import tempfile
 import time
 
 import psutil
+
+
+def _stage_peak_gb() -> float:
+    """This process's peak RSS since the last call (Linux ``VmHWM``, then reset through
+    ``/proc/self/clear_refs``), in GB; ``nan`` where the kernel does not offer it."""
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))  # kB
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak RSS to the current RSS
+    except (OSError, StopIteration, ValueError):
+        return float("nan")
+    return hwm * 1024 / 1e9
 
 
 def main() -> None:
@@ -36,11 +49,15 @@ def main() -> None:
     reexec_script_with_jemalloc()  # as `ragen-rllib train` runs
     me = psutil.Process()
     last = [0.0]
+    peak_so_far = [0.0]
 
     def step(name: str) -> None:
         rss = me.memory_info().rss / 1e9
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
-        print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})  peak so far {peak:.2f} GB", flush=True)
+        during = _stage_peak_gb()
+        peak = max(peak_so_far[0], during if during == during else rss)  # nan != nan
+        peak_so_far[0] = peak
+        print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})  peak during {during:.2f}  "
+              f"peak so far {peak:.2f} GB", flush=True)
         last[0] = rss
 
     t0 = time.perf_counter()
@@ -50,12 +67,12 @@ def main() -> None:
     import torch  # noqa: F401
     import vllm  # noqa: F401
 
-    from ragen_rllib.algorithms.starpo.train import NO_PRESTART, build_config, load_experiment
+    from ragen_rllib.algorithms.starpo.train import build_config, init_ray, load_experiment
     from ragen_rllib.trajectory import take_groups
 
     step("imports (torch, ray, vllm, mlflow, ...)")
     cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0", *args.set])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=NO_PRESTART)
+    init_ray(cfg)  # as `train` starts a local Ray (no dashboard, no pre-started workers, a 0600 token)
     step("ray.init")
     algo = build_config(cfg, "bench-memory").build_algo()
     step("learner built (policy + value head, fp32)")
@@ -69,14 +86,13 @@ def main() -> None:
         step(f"warm-up ({args.warmup} steps, {time.perf_counter() - tw:.0f} s; + grads, AdamW)")
 
     def iteration(i: int, label: str) -> None:
+        first = "first " if i == 0 else f"it. {i + 1}: "
         table, _ = algo._sample_train_groups(i)
-        if i == 0:
-            step("first sample")
+        step(f"{first}sample")
         kept, _ = algo._filter(table)
         batch, _ = algo._advantages(take_groups(table, kept))
         algo._update(batch)
-        if i == 0:
-            step("first update (+ gradients, AdamW moments)")
+        step(f"{first}update" + (" (+ gradients, AdamW moments)" if i == 0 else ""))
         algo._sync_weights()
         step(label)
 

@@ -105,6 +105,10 @@ class TorchBackend:
         from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
         TorchLearner.apply_gradients(self.learner, gradients)
+        # Free the gradients now, not at the next update's zero_grad: otherwise they (the policy's
+        # size again) stay resident through the sync, sampling and validation that follow.
+        gradients.clear()
+        self.zero_grad()
         return {}
 
     def set_lrs(self, factor: float) -> dict[str, float]:

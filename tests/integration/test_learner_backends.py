@@ -171,6 +171,10 @@ def test_update_trains_each_row_once_per_epoch(tiny_model_dir, ray_local, tmp_pa
 
 
 def test_lr_schedule_reaches_the_optimizers(tiny_model_dir, ray_local, tmp_path) -> None:
+    """The LR schedule sets each optimizer's LR; and an update frees its gradients after the
+    optimizer step (they would otherwise stay resident, the policy's size, until the next update)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
     from ragen_rllib.core.starpo import lr_multiplier
 
     p = _params(tiny_model_dir, lr_warmup_steps=2, warmup_style="cosine", total_training_steps=4, min_lr_ratio=0.1,
@@ -178,7 +182,10 @@ def test_lr_schedule_reaches_the_optimizers(tiny_model_dir, ray_local, tmp_path)
     algo = _build(p, tmp_path, "lr")
     try:
         lrs = [algo.train()["actor/lr"] for _ in range(3)]
-        opt = algo.learner_group._learner.get_optimizer(optimizer_name="actor")
+        learner = algo.learner_group._learner
+        opt = learner.get_optimizer(optimizer_name="actor")
+        params = list(learner.module[DEFAULT_MODULE_ID].parameters())
+        assert opt.state and params and all(q.grad is None for q in params)  # stepped, then freed
         assert opt.param_groups[0]["lr"] == pytest.approx(1e-4 * lr_multiplier(2, 4, 2, "cosine", 0.1))
     finally:
         algo.stop()
