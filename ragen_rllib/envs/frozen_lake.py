@@ -107,8 +107,10 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
 
     @property
     def instruction(self) -> str:
-        return ("You are solving the FrozenLake puzzle. Avoid the holes and go to the goal. "
-                "The ice is slippery: you may move in a direction you did not intend.")
+        text = "You are solving the FrozenLake puzzle. Avoid the holes and go to the goal."
+        if self.config.is_slippery:  # the not_slippery variant must not claim it (runs before 2026-12-02 did)
+            text += " The ice is slippery: you may move in a direction you did not intend."
+        return text
 
     @property
     def symbol_legend(self) -> dict[str, str]:

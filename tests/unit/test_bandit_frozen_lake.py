@@ -101,3 +101,10 @@ def test_frozen_lake_goal_hole_and_render_symbols() -> None:
     env.pos, env.goal = (0, 0), (3, 3)
     _, r, term, _, info = env.step("Up")  # border: valid, not effective
     assert not term and r == 0.0 and info["action_is_valid"] and not info["action_is_effective"]
+
+
+def test_frozen_lake_instruction_says_slippery_only_when_it_is() -> None:
+    slippery = make_env("frozen_lake").instruction
+    plain = make_env("frozen_lake", variant="not_slippery").instruction
+    assert "slippery" in slippery and "did not intend" in slippery
+    assert "slippery" not in plain and plain.startswith("You are solving the FrozenLake puzzle.")
