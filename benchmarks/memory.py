@@ -67,12 +67,13 @@ def main() -> None:
     import torch  # noqa: F401
     import vllm  # noqa: F401
 
+    from ragen_rllib.algorithms.starpo.experiment import Experiment
     from ragen_rllib.algorithms.starpo.train import build_config, init_ray, load_experiment
     from ragen_rllib.trajectory import take_groups
 
     step("imports (torch, ray, vllm, mlflow, ...)")
     cfg = load_experiment(args.config, args.profile, ["starpo.test_freq=0", *args.set])
-    init_ray(cfg)  # as `train` starts a local Ray (no dashboard, no pre-started workers, a 0600 token)
+    init_ray(Experiment.from_dict(cfg))  # as `train` starts a local Ray (no dashboard, no idle workers, a 0600 token)
     step("ray.init")
     algo = build_config(cfg, "bench-memory").build_algo()
     step("learner built (policy + value head, fp32)")

@@ -16,7 +16,12 @@ LoRA (``model_config["lora_rank"] > 0``, peft): ``self.lm`` becomes a ``peft.Pef
 weights are frozen and whose adapters are the only trainable policy weights (the critic is
 unaffected). Engines and the exported model never see adapters: ``policy_state_dict()`` returns
 the merged weights ``W + (alpha / r) * B @ A`` under the plain HF names, so vLLM / HF reloads and
-``export_hf`` work exactly as without LoRA.
+``export_hf`` work exactly as without LoRA. Under bf16 autocast the frozen base weights of the
+adapted linear layers are stored in bf16 (``_frozen_linears_to``): autocast would cast them to bf16
+at every use anyway, and, being frozen (no ``requires_grad``), without its per-region cache, so each
+use kept another bf16 copy for the backward (4 copies of the model in a Bandit update's peak:
++0.9 GB). The matmuls see the same bf16 values either way; ``policy_state_dict()`` still returns
+float32 weights (``bf16(W) + delta``).
 
 Env runners never hold this module: they generate with an ``Engine`` (vLLM / HF) and receive the
 policy weights (``lm.*``, HF names) through the weight sync.
@@ -66,6 +71,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             self.lm = _wrap_lora(self.lm, rank=self.lora_rank, alpha=float(cfg.get("lora_alpha", 16.0)),
                                  dropout=float(cfg.get("lora_dropout", 0.0)),
                                  targets=tuple(cfg.get("lora_target_modules", ("all-linear",))))
+        self._frozen_dtype = torch.float32  # dtype of the LoRA base linears' weights (_frozen_linears_to)
         self.critic_type = None if self.inference_only else cfg.get("critic_type")
         # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
@@ -95,6 +101,28 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         from ragen_rllib.hardware import resolve_bf16
 
         return resolve_bf16(self._bf16_setting, device_type)
+
+    def _frozen_linears_to(self, dtype: torch.dtype) -> None:
+        """Store the frozen weights of LoRA's base linear layers in ``dtype`` (bf16 when this forward
+        runs under bf16 autocast, float32 otherwise); a no-op without LoRA or when already there.
+
+        Exact under autocast: it casts a float32 weight to bf16 for the matmul with the same
+        rounding. Embeddings, norms and the tied LM head stay float32 (autocast keeps those ops in
+        float32 or casts only the small sampled-position input). DeepSpeed-managed parameters
+        (``ds_id``: ZeRO-3 partitions) are left alone.
+        """
+        if self.lora_rank <= 0 or dtype == self._frozen_dtype:
+            return
+        from peft.tuners.lora import LoraLayer
+
+        for mod in _unwrap_peft(self.lm).modules():
+            base = getattr(mod, "base_layer", None) if isinstance(mod, LoraLayer) else None
+            if not isinstance(base, nn.Linear):
+                continue
+            for q in base.parameters(recurse=False):
+                if not q.requires_grad and not hasattr(q, "ds_id") and q.dtype != dtype:
+                    q.data = q.data.to(dtype)
+        self._frozen_dtype = dtype
 
     # ------------------------------------------------------------------ forward
     def _trunk(self, model: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -157,7 +185,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         sel = loss_mask[:, 1:] > 0  # (B, T-1): predicting token t from position t-1
         out: dict[str, torch.Tensor] = {}
         device = "cpu" if token_ids.device.type == "cpu" else "cuda"
-        ctx = torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16_autocast_on(device))
+        bf16 = self.bf16_autocast_on(device)
+        ctx = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
+        self._frozen_linears_to(torch.bfloat16 if bf16 else torch.float32)
         share = self.share_prefix if share_prefix is None else share_prefix
         plan = plan_shared_prefixes(token_ids, attention_mask, loss_mask) if share else None
         with ctx:
@@ -230,7 +260,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             module's own weights untouched).
         """
         if self.lora_rank > 0:
-            return merged_lora_state_dict(self.lm)
+            return merged_lora_state_dict(self.lm, dtype=torch.float32)  # the dtype the model is loaded in
         return {k: v for k, v in self.lm.state_dict().items()}
 
 
@@ -272,7 +302,7 @@ def _wrap_lora(lm: nn.Module, rank: int, alpha: float, dropout: float, targets: 
 
 
 @torch.no_grad()
-def merged_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The merged weights of a LoRA ``PeftModel`` under the plain HF names, without merging in place.
 
     Each adapted layer ``N`` holds ``N.base_layer.*`` (frozen W, b) and ``N.lora_A/B.*``; the result
@@ -283,6 +313,8 @@ def merged_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Args:
         model: a ``peft.PeftModel`` with LoRA adapters.
+        dtype: the dtype of the adapted layers' outputs (their base weights may be stored in bf16,
+            ``HFCausalLMModule._frozen_linears_to``); None: as stored. The sum is taken in float32.
 
     Returns:
         ``{hf_name: tensor}``, same keys, order and shapes as the un-adapted model's ``state_dict()``.
@@ -303,14 +335,15 @@ def merged_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             continue  # lora_A / lora_B / dropout state of this layer: not an HF weight
         name = rest[len("base_layer."):]
         layer = layers[owner]
+        want = value.dtype if dtype is None else dtype
         if name == "weight" and not layer.disable_adapters:
             for adapter in layer.active_adapters:
                 if adapter not in layer.lora_A or adapter in layer.merged_adapters:
                     continue  # absent here, or already inside W
                 assert adapter not in layer.lora_variant, (
                     f"{owner}: LoRA variant {adapter!r} (DoRA, ...) not merged here")
-                value = value + layer.get_delta_weight(adapter).to(value.dtype)
-        out[f"{owner}.{name}"] = value
+                value = value.float() + layer.get_delta_weight(adapter).float()
+        out[f"{owner}.{name}"] = value.to(want)
     return out
 
 

@@ -125,6 +125,53 @@ def test_merged_weights_equal_peft_merge_and_plain_model_logp(tiny_model_dir) ->
     assert float((got["values"][:, 1:] - values).abs().max()) <= 1e-5
 
 
+def test_bf16_autocast_stores_frozen_base_in_bf16_with_the_same_outputs(tiny_model_dir, monkeypatch) -> None:
+    """Under bf16 autocast the LoRA base linears' frozen weights are kept in bf16 (one copy, not a
+    cast per use saved for the backward): log-probs, values and adapter gradients are those of the
+    module that keeps them in float32, and the policy weights stay float32 = bf16(W) + delta."""
+    pytest.importorskip("peft", reason=PEFT_REASON)
+    import torch
+
+    from ragen_rllib.rl_module.hf_causal_lm_module import HFCausalLMModule
+
+    ids, attn, loss = _batch()
+
+    def run(keep_fp32: bool) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        if keep_fp32:
+            monkeypatch.setattr(HFCausalLMModule, "_frozen_linears_to", lambda self, dtype: None)
+        torch.manual_seed(0)
+        m = _module(tiny_model_dir, critic_type="value_head", lora_rank=4, lora_alpha=8.0, bf16_autocast=True)
+        with torch.no_grad():  # non-zero B, so the adapters matter in the outputs
+            for n, q in m.lm.named_parameters():
+                if ".lora_B." in n:
+                    q.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+        out = m.score(ids, attn, loss, with_values=True, with_entropy=True)
+        (-(out["logp"] * loss).sum() + (out["values"] ** 2).sum()).backward()
+        grads = {n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None}
+        monkeypatch.undo()
+        return m, {k: v.detach() for k, v in out.items()}, grads
+
+    m, out, grads = run(keep_fp32=False)
+    ref_m, ref, ref_grads = run(keep_fp32=True)
+    q_base = m.lm.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
+    assert q_base.dtype == torch.bfloat16 and not q_base.requires_grad
+    assert ref_m.lm.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight.dtype == torch.float32
+    assert m.lm.get_base_model().model.embed_tokens.weight.dtype == torch.float32  # embeddings, norms stay
+    for k in ("logp", "values", "entropy"):
+        assert torch.equal(out[k], ref[k]), k
+    assert set(grads) == set(ref_grads) and any(".lora_A." in n for n in grads)
+    for n in grads:
+        assert torch.equal(grads[n], ref_grads[n]), n
+
+    merged, ref_merged = m.policy_state_dict(), ref_m.policy_state_dict()
+    assert list(merged) == list(ref_merged) and all(v.dtype == torch.float32 for v in merged.values())
+    key = "model.layers.0.self_attn.q_proj.weight"
+    layer = m.lm.get_base_model().model.layers[0].self_attn.q_proj
+    want = q_base.float() + layer.get_delta_weight("default").float()
+    assert torch.equal(merged[key], want)
+    assert float((merged[key] - ref_merged[key]).abs().max()) <= float(ref_merged[key].abs().max()) * 2 ** -8
+
+
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # the refused case
 def test_tied_embeddings_stay_tied_and_adapting_them_is_refused(tied_model_dir) -> None:
     pytest.importorskip("peft", reason=PEFT_REASON)
