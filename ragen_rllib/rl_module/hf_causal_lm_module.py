@@ -241,11 +241,12 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         """RLlib's state (numpy arrays) as views of the parameters, not copies.
 
         RLlib's default converts with ``reduce_type=True``, whose ``astype(float32)`` copies every
-        array even when it is float32 already: a checkpoint then held the model twice.
+        array even when it is float32 already: a checkpoint then held the model twice. numpy has
+        no bf16: LoRA's bf16 frozen weights (``_frozen_linears_to``) go out as exact float32 copies.
         """
         from ray.rllib.utils.numpy import convert_to_numpy
 
-        state = self.state_dict()
+        state = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in self.state_dict().items()}
         if inference_only and not self.inference_only:
             drop = tuple(f"{a}." for a in self.get_non_inference_attributes())
             state = {k: v for k, v in state.items() if not k.startswith(drop)}

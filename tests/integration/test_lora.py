@@ -238,6 +238,48 @@ def test_training_with_lora_syncs_merged_weights_and_exports(tiny_model_dir, ray
     assert not any("lora" in p.name for p in out.iterdir())  # a plain HF folder, no adapter files
 
 
+def test_lora_with_bf16_autocast_checkpoints_and_restores(tiny_model_dir, ray_local, tmp_path) -> None:
+    """With bf16 autocast the frozen base is bf16 in the learner; a checkpoint stores it as exact
+    float32 arrays (numpy has no bf16) and a restored algorithm serves the same policy weights."""
+    pytest.importorskip("peft", reason=PEFT_REASON)
+    import numpy as np
+    import torch
+
+    from ragen_rllib.algorithms.starpo.config import StarPOConfig
+    from ragen_rllib.algorithms.starpo.params import starpo_s
+
+    params = starpo_s(model=str(tiny_model_dir), engine="hf", env="bandit", env_groups=2, group_size=2,
+                      response_length=6, enable_think=False, critic_type="value_head", test_freq=0,
+                      val_before_train=False, ppo_mini_batch_size=2, actor_lr=1e-2, lora_rank=4, lora_alpha=8.0,
+                      bf16_autocast=True)
+
+    def build(name: str):
+        return (StarPOConfig().training(starpo=params).storage(run_dir=str(tmp_path), run_name=name)
+                .debugging(seed=0).build_algo())
+
+    def policy(algo) -> dict:
+        return next(iter(algo.learner_group.foreach_learner(lambda lrn: lrn.policy_weights()))).get()
+
+    algo = build("lora-bf16")
+    try:
+        algo.train()
+        module = algo.learner_group._learner.module["default_policy"]
+        assert module.lm.get_base_model().model.layers[0].mlp.up_proj.base_layer.weight.dtype == torch.bfloat16
+        want = policy(algo)
+        algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    restored = build("lora-bf16-restored")
+    try:
+        restored.restore_from_path(str(tmp_path / "ckpt"))
+        got = policy(restored)
+    finally:
+        restored.stop()
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == np.float32 and np.array_equal(got[k], want[k]), k
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("lora_rank", -1, "int >= 0"), ("lora_rank", 2.0, "int >= 0"), ("lora_rank", True, "int >= 0"),
     ("lora_alpha", 0.0, "> 0"), ("lora_alpha", -8, "> 0"),
