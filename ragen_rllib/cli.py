@@ -274,6 +274,19 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _require_new_run(run_dir: str, run_name: str | None) -> None:
+    """A new run must not reuse the folder of a stored one: its first Arrow write would refuse
+    minutes in (after the warm-up), and its checkpoint would replace the old run's."""
+    if not run_name:
+        return  # a fresh timestamped name
+    run = Path(run_dir) / run_name
+    held = [p for p in ("trajectories", "checkpoint") if (run / p).is_dir() and any((run / p).iterdir())]
+    if held:
+        raise SystemExit(f"error: --run-name {run_name!r}: {run} already holds a run ({', '.join(held)}); "
+                         f"choose another name, or continue it with `ragen-rllib train --resume {run_name}"
+                         f"{'' if run_dir == 'runs' else f' --run-dir {run_dir}'}`")
+
+
 def _require_model(model: str, key: str = "starpo.model") -> None:
     """Exit with one line (and the fix) when a model (the experiment's ``key``, or a ``--model``
     flag) is not a local folder or a prepared name: before Ray or any engine starts, not after them."""
@@ -327,6 +340,8 @@ def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
         exp = Experiment.from_dict(cfg)  # every key and value checked before anything starts
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}") from None
+    if not args.resume:
+        _require_new_run(exp.run_dir, exp.run_name)
     _require_model(exp.starpo.model)
     _require_experiment_files(exp)
     _require_tracking_uri(args.tracking_uri or exp.tracking.tracking_uri)

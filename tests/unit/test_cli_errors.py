@@ -110,6 +110,8 @@ CASES: list[tuple[str, Argv, list[str], int]] = [
     ("train-bad-set-syntax", lambda d: ["train", *CPU, "--set", "novalue"], ["--set expects key=value", "novalue"], 1),
     ("train-bad-run-name", lambda d: ["train", *CPU, "--run-name", "my run"], ["run_name", "'my run'"], 1),
     ("train-bad-tracking-uri", lambda d: ["train", *CPU, "--tracking-uri", "bogus://x"], ["bogus://x"], 1),
+    ("train-run-name-taken", lambda d: ["train", *CPU, "--set", f"run_dir={d / 'runs'}", "--run-name", "runA"],
+     ["'runA'", "already holds a run", "--resume runA"], 1),
     ("train-resume-missing-run", lambda d: ["train", "--resume", str(d / "no-run")], ["no-run", "cannot resume"], 1),
     # --- eval
     ("eval-bad-policy", lambda d: ["eval", "--config", EXP, "--policy", "oracle"], ["--policy", "'oracle'"], 2),
