@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -69,6 +69,16 @@ reproduce-frozen-lake-echo-trap: model
 		--set starpo.test_freq=20 --set checkpoint_freq=60 --set starpo.response_length=24
 	@$(PY) scripts/plot_echo_trap_runs.py runs/repro-frozen-lake-24tok-10000 runs/repro-frozen-lake-24tok-10001 \
 		--out docs/echo_trap_frozen_lake.png
+
+# FrozenLake (not slippery) at 8 states x 8 samples, 24-token replies, 31 iterations (keeps 2 groups =
+# 16 rows, one optimizer step); validation on 128 fixed states before, at 25 and at the end (~32 min
+# on a 2-core avx512_bf16 CPU; docs/results.md).
+reproduce-frozen-lake-8x8: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-8x8-24tok --set starpo.seed=10000 --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=31 \
+		--set starpo.test_freq=25 --set checkpoint_freq=31 --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups
