@@ -17,6 +17,7 @@ Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu] [--w
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 import time
@@ -54,7 +55,7 @@ def main() -> None:
     def step(name: str) -> None:
         rss = me.memory_info().rss / 1e9
         during = _stage_peak_gb()
-        peak = max(peak_so_far[0], during if during == during else rss)  # nan != nan
+        peak = max(peak_so_far[0], rss if math.isnan(during) else during)
         peak_so_far[0] = peak
         print(f"{name:<44} {rss:>6.2f} GB  ({rss - last[0]:+.2f})  peak during {during:.2f}  "
               f"peak so far {peak:.2f} GB", flush=True)

@@ -275,12 +275,14 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _require_new_run(run_dir: str, run_name: str | None) -> None:
-    """A new run must not reuse the folder of a stored one: its first Arrow write would refuse
-    minutes in (after the warm-up), and its checkpoint would replace the old run's."""
+    """A new run must not reuse the folder of a stored one (``stored_run_parts``): refused here,
+    before anything starts, not at its first Arrow write minutes in."""
+    from ragen_rllib.algorithms.starpo.train import stored_run_parts
+
     if not run_name:
         return  # a fresh timestamped name
     run = Path(run_dir) / run_name
-    held = [p for p in ("trajectories", "checkpoint") if (run / p).is_dir() and any((run / p).iterdir())]
+    held = stored_run_parts(run)
     if held:
         raise SystemExit(f"error: --run-name {run_name!r}: {run} already holds a run ({', '.join(held)}); "
                          f"choose another name, or continue it with `ragen-rllib train --resume {run_name}"

@@ -42,7 +42,8 @@ from ragen_rllib.console import (
 from ragen_rllib.durable import CorruptFileError, DiskFullError, disk_full_reason, fsync_path
 
 __all__ = ["EVAL_PROTOCOL_FILE", "KEY_METRICS", "Experiment", "build_config", "build_params", "eval_protocol",
-           "evaluate", "export_hf", "flat_metrics", "init_ray", "load_experiment", "load_resume_config", "train"]
+           "evaluate", "export_hf", "flat_metrics", "init_ray", "load_experiment", "load_resume_config",
+           "stored_run_parts", "train"]
 
 #: Ray system config of a local ``ray.init``: start workers on demand, not two idle ones up front.
 NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
@@ -278,6 +279,16 @@ def load_resume_config(run_path: str | Path, overrides: Sequence[str] = ()) -> d
     cfg = read_resume_info(run_path)["config"]
     cfg["run_name"], cfg["run_dir"] = run_path.name, str(run_path.parent)
     return set_dotted(cfg, parse_sets(overrides), where=f"--resume {run_path}: --set")
+
+
+def stored_run_parts(run_path: Path) -> list[str]:
+    """The parts of a stored run that ``run_path`` already holds (non-empty folders among the
+    trajectory store and the checkpoint, including a checkpoint left mid-rename): a new run there
+    would refuse its first Arrow write and replace that checkpoint."""
+    from ragen_rllib.trajectory.store import TRAJECTORIES_DIR
+
+    names = (TRAJECTORIES_DIR, "checkpoint", "checkpoint.old")  # the folders save_checkpoint writes
+    return [n for n in names if (run_path / n).is_dir() and any((run_path / n).iterdir())]
 
 
 def _checkpoint_dir(run_path: Path) -> Path:

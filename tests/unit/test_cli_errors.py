@@ -223,3 +223,17 @@ def test_yaml_spellings_work_in_set() -> None:
     exp = Experiment.load(EXP, "cpu", ["starpo.enable_think=true", "starpo.max_turns=null",
                                        "tracking.log_model=false"])
     assert exp.starpo.enable_think is True and exp.starpo.max_turns is None and exp.tracking.log_model is False
+
+
+def test_stored_run_parts_sees_trajectories_and_any_checkpoint(tmp_path: Path) -> None:
+    from ragen_rllib.algorithms.starpo.train import stored_run_parts
+
+    run = tmp_path / "r"
+    (run / "trajectories").mkdir(parents=True)  # empty: a start that wrote nothing yet
+    (run / "logs").mkdir()
+    (run / "logs" / "third_party.log").write_text("x")
+    assert stored_run_parts(run) == []
+    (run / "checkpoint.old").mkdir()
+    (run / "checkpoint.old" / "history.json").write_text("[]")  # left by a crash mid-rename
+    (run / "trajectories" / "iter_000000.parquet").write_bytes(b"")
+    assert stored_run_parts(run) == ["trajectories", "checkpoint.old"]
