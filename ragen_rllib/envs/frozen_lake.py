@@ -9,6 +9,10 @@
 * Reward 1.0 on reaching the goal, else 0. Terminated on goal or hole. Budget ``max_actions`` (10).
 * Symbols (RAGEN): ``P`` player, ``_`` frozen, ``O`` hole, ``G`` goal, ``X`` player in a hole,
   ``√`` player on the goal.
+* ``show_goal_offset`` (variant ``guided``, not slippery; not in RAGEN): the state also says where
+  the goal lies in action words, e.g. "The goal is 2 steps Down and 1 step Left from you." The map,
+  dynamics and reward are unchanged; only the text differs. A 135M model did not learn to read the
+  grid alone (docs/results.md); this variant separates reading the grid from learning to act.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class FrozenLakeConfig:
     is_slippery: bool = True
     max_actions: int = 10
     max_map_tries: int = 200  # rejection-sampling bound before carving a path
+    show_goal_offset: bool = False  # add the goal's direction in action words to each state
 
     def __post_init__(self) -> None:
         if self.size < 2:
@@ -98,7 +103,8 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
 
     Config = FrozenLakeConfig
     DESCRIPTION = "random 4x4 slippery lake: reach the goal, avoid holes"
-    VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "not_slippery": {"is_slippery": False}}
+    VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "not_slippery": {"is_slippery": False},
+                                           "guided": {"is_slippery": False, "show_goal_offset": True}}
 
     def _reset(self, rng: np.random.Generator) -> None:
         cfg = self.config
@@ -137,7 +143,19 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
                 else:
                     row.append("P" if here else "_")
             rows.append("".join(row))
-        return "\n".join(rows)
+        grid = "\n".join(rows)
+        return f"{grid}\n{self.goal_offset_text()}" if self.config.show_goal_offset else grid
+
+    def goal_offset_text(self) -> str:
+        """Where the goal lies from the player, in action words (the ``guided`` variant's extra line)."""
+        if self.pos == self.goal:
+            return "You are on the goal."
+        if self.in_hole:
+            return "You fell into a hole."
+        dr, dc = self.goal[0] - self.pos[0], self.goal[1] - self.pos[1]
+        parts = [f"{abs(d)} step{'s' if abs(d) > 1 else ''} {word}"
+                 for d, word in ((dr, "Down" if dr > 0 else "Up"), (dc, "Right" if dc > 0 else "Left")) if d]
+        return f"The goal is {' and '.join(parts)} from you."
 
     def _step(self, action_text: str) -> tuple[float, bool, dict[str, Any]]:
         name = next((a for a in ACTIONS if a.lower() == action_text.strip().lower()), None)

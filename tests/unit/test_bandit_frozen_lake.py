@@ -108,3 +108,27 @@ def test_frozen_lake_instruction_says_slippery_only_when_it_is() -> None:
     plain = make_env("frozen_lake", variant="not_slippery").instruction
     assert "slippery" in slippery and "did not intend" in slippery
     assert "slippery" not in plain and plain.startswith("You are solving the FrozenLake puzzle.")
+
+
+def test_frozen_lake_guided_states_the_goal_in_action_words_on_the_same_lake() -> None:
+    guided, plain = make_env("frozen_lake:guided"), make_env("frozen_lake", variant="not_slippery")
+    obs_g, _ = guided.reset(seed=7)
+    obs_p, _ = plain.reset(seed=7)
+    assert obs_g.startswith(obs_p) and (guided.frozen == plain.frozen).all() and guided.goal == plain.goal
+    assert not guided.config.is_slippery
+    guided.frozen[:] = True
+    guided.pos, guided.goal = (0, 3), (2, 2)
+    assert guided.goal_offset_text() == "The goal is 2 steps Down and 1 step Left from you."
+    guided.pos = (2, 0)
+    assert guided.goal_offset_text() == "The goal is 2 steps Right from you."
+    obs, r, term, _, _ = guided.step("Right")
+    assert not term and obs.endswith("The goal is 1 step Right from you.")
+    obs, r, term, _, _ = guided.step("Right")
+    assert term and r == 1.0 and obs.endswith("You are on the goal.")
+    guided.reset(seed=7)
+    guided.frozen[:] = True
+    guided.frozen[3, 3] = False
+    guided.pos, guided.goal = (3, 2), (0, 0)
+    assert guided.goal_offset_text() == "The goal is 3 steps Up and 2 steps Left from you."
+    obs, _, term, _, _ = guided.step("Right")
+    assert term and obs.endswith("You fell into a hole.")
