@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 #: (experiment file, validation envs) of the multi-turn tasks.
-TASKS = (("experiments/frozen_lake_starpo_s.yaml", ("frozen_lake:not_slippery", "frozen_lake")),
+TASKS = (("experiments/frozen_lake_starpo_s.yaml", ("frozen_lake:not_slippery", "frozen_lake", "frozen_lake:guided")),
          ("experiments/sokoban_starpo_s.yaml", ("sokoban", "sokoban:new_vocab", "sokoban:larger")))
 POLICIES = ("random-valid", "model", "expert")
 LABELS = {"random-valid": "random valid actions", "model": "untrained SmolLM2-135M-Instruct",
