@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,16 @@ class FrozenLakeConfig:
             raise ValueError(f"FrozenLakeConfig.max_actions must be >= 1, got {self.max_actions!r}")
         if self.max_map_tries < 1:
             raise ValueError(f"FrozenLakeConfig.max_map_tries must be >= 1, got {self.max_map_tries!r}")
+
+
+_OFFSET_LINE = re.compile(r"The goal is (.*) from you\.")
+
+
+def goal_directions(state: str) -> frozenset[str] | None:
+    """The action words of a ``guided`` state's goal line ("… 2 steps Down and 1 step Left …" ->
+    {"Down", "Left"}), or None when the state has no such line (other variants, goal or hole)."""
+    m = _OFFSET_LINE.search(state)
+    return None if m is None else frozenset(a for a in ACTIONS if a in m.group(1))
 
 
 def has_path(frozen: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:

@@ -132,3 +132,23 @@ def test_frozen_lake_guided_states_the_goal_in_action_words_on_the_same_lake() -
     assert guided.goal_offset_text() == "The goal is 3 steps Up and 2 steps Left from you."
     obs, _, term, _, _ = guided.step("Right")
     assert term and obs.endswith("You fell into a hole.")
+
+
+def test_goal_directions_and_the_hint_following_count() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from ragen_rllib.envs.frozen_lake import goal_directions
+    from ragen_rllib.prompting import PromptConfig
+
+    assert goal_directions("P_G_\nThe goal is 2 steps Down and 1 step Left from you.") == {"Down", "Left"}
+    assert goal_directions("P_G_\nYou are on the goal.") is None and goal_directions("P_G_") is None
+    path = Path(__file__).resolve().parents[2] / "scripts" / "guided_hint_following.py"
+    spec = importlib.util.spec_from_file_location("guided_hint_following", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    states = ["x\nThe goal is 1 step Up from you.", "x\nThe goal is 2 steps Down and 1 step Right from you.",
+              "x\nYou fell into a hole."]
+    replies = ["<answer> Up || Left </answer>", "<answer> Left </answer>", "<answer> Up </answer>"]
+    turns, actions, follows, chance = mod.hint_following(states, replies, PromptConfig(enable_think=False))
+    assert (turns, actions, follows) == (2, 3, 1) and chance == 0.25 + 0.5
