@@ -81,14 +81,16 @@ reproduce-frozen-lake-8x8: model
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
 
 # FrozenLake `guided` (not slippery; each state also says where the goal lies in action words), the
-# 24-token setting at 8 states x 4 samples (keeps 2 groups = 8 rows, one optimizer step), 40 iterations;
-# validation on 128 fixed states before, at 20 and at the end (docs/results.md).
+# 24-token setting at 8 states x 4 samples (keeps 2 groups = 8 rows, one optimizer step), 22 iterations;
+# validation on 128 fixed states before, at 20 and at the end, then how the policy used the goal line
+# (~45 min on a 2-core AVX2 CPU; docs/results.md).
 reproduce-frozen-lake-guided: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name repro-frozen-lake-guided --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
-		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=40 \
-		--set starpo.test_freq=20 --set checkpoint_freq=40 --set starpo.response_length=24 \
+		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=22 \
+		--set starpo.test_freq=20 --set checkpoint_freq=22 --set starpo.response_length=24 \
 		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8
+	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups

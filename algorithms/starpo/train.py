@@ -215,8 +215,8 @@ def _run(exp: Experiment, run_name: str, tracking_uri: str | None, log: Callable
         return {"run_name": run_name, "mlflow_run_id": tracker.run_id, "checkpoint": str(ckpt),
                 "hf_model": str(hf_dir), "final": final_val, "history": session.history,
                 "stop_signal": stop.get("signal")}
-    except BaseException:
-        status = "FAILED"
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"  # Ctrl-C before RL (warm-up)
         raise
     finally:
         for s, handler in prev.items():

@@ -111,5 +111,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                text=True, timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
             assert out.stat().st_size > 0 and p.stdout.count("first signals") == len(runs), p.stdout
+        elif argv[0] == "scripts/guided_hint_following.py":  # reads the run the target's train wrote
+            run = tmp_path / "runs" / Path(argv[1]).name
+            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
+                               timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert p.stdout.startswith("| iteration | turns |") and "\n| 0 |" in p.stdout, p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")

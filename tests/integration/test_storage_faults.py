@@ -225,3 +225,38 @@ def test_sigterm_is_handled_like_ctrl_c(tiny_model_dir, tmp_path) -> None:
     assert _run_status(uri, "term") == "FINISHED"
     assert TrajectoryStore(runs, "term").iterations() == [0, 1, 2, 3]
     assert re.search(r"^\[1/4\]", p.stdout, re.M) is None  # nothing before the checkpoint is redone
+
+
+def test_ctrl_c_during_the_warm_up_is_one_line_and_a_killed_run(tiny_model_dir, tmp_path) -> None:
+    """SIGINT during the supervised warm-up (before RL iterations install their own handler): one
+    line instead of a traceback, exit code 130 (128 + SIGINT), the MLflow run closed as KILLED, no
+    Ray process left behind; the same command then starts the run afresh."""
+    import psutil
+
+    runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    exp = _write_experiment(tmp_path / "exp.yaml", tiny_model_dir, runs, iterations=1, checkpoint_freq=0)
+    cfg = yaml.safe_load(exp.read_text())
+    cfg["warmup"] = {"steps": 500, "kind": "random-valid", "groups": 2, "group_size": 2}
+    exp.write_text(yaml.safe_dump(cfg))
+    cmd = CLI + ["train", "--config", str(exp), "--run-name", "warm"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen, children = [], []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("[warm-up 2/500]") and not children:
+                children = psutil.Process(proc.pid).children(recursive=True)
+                proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    out = "".join(seen)
+    assert children and rc == 128 + signal.SIGINT, out[-4000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-4000:]
+    assert out.rstrip().splitlines()[-1].startswith("interrupted before the first RL iteration ended"), out[-2000:]
+    assert _run_status(uri, "warm") == "KILLED"
+    _, alive = psutil.wait_procs(children, timeout=120)
+    assert not alive, [(c.pid, c.name()) for c in alive]

@@ -237,3 +237,19 @@ def test_stored_run_parts_sees_trajectories_and_any_checkpoint(tmp_path: Path) -
     (run / "checkpoint.old" / "history.json").write_text("[]")  # left by a crash mid-rename
     (run / "trajectories" / "iter_000000.parquet").write_bytes(b"")
     assert stored_run_parts(run) == ["trajectories", "checkpoint.old"]
+
+
+def test_ctrl_c_before_the_first_rl_iteration_is_one_line_and_exit_130(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], d: Path) -> None:
+    """A Ctrl-C during the engine start or the warm-up (RL iterations stop on their own, with a
+    checkpoint) ends with one line and the shell's 128 + SIGINT, not a traceback."""
+    import ragen_rllib.algorithms.starpo.train as train
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train", interrupted)
+    code, err, out = run_cli(["train", *CPU, "--set", f"starpo.model={d / 'model'}",
+                              "--set", f"run_dir={d / 'runs'}", "--run-name", "runB"], capsys)
+    assert code == 130 and "Traceback" not in err + out
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted before the first RL iteration")
