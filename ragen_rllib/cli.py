@@ -355,10 +355,11 @@ def cmd_train(args: argparse.Namespace, out: TextIO) -> int:
                     resume=bool(args.resume))
     except (DiskFullError, CorruptFileError) as e:  # an MLflow run it opened is closed as FAILED
         raise SystemExit(f"error: {e}") from None
-    except KeyboardInterrupt:  # Ctrl-C before RL iterations handle it (engine start, warm-up)
-        print("interrupted before the first RL iteration ended: nothing was checkpointed, the MLflow run is "
-              "closed as KILLED; start it again with the same command", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before RL iterations handle it (engine start, warm-up)
+        sig = signal.Signals[str(e)] if str(e) in ("SIGINT", "SIGTERM") else signal.SIGINT
+        print(f"interrupted ({sig.name}) before the first RL iteration ended: nothing was checkpointed, the "
+              f"MLflow run is closed as KILLED; start it again with the same command", file=sys.stderr)
+        return 128 + sig
     print(f"checkpoint: {res['checkpoint']}\nhf model: {res['hf_model']}\nmlflow run: {res['mlflow_run_id']}", file=out)
     # Stopped by SIGINT/SIGTERM (checkpoint saved, MLflow run KILLED): the shell's 128 + signal number.
     return 128 + res["stop_signal"] if res.get("stop_signal") else 0

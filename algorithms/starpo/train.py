@@ -174,6 +174,8 @@ def _run(exp: Experiment, run_name: str, tracking_uri: str | None, log: Callable
     stop: dict[str, int] = {}
     try:
         session.open(fresh=info is None)
+        for s in STOP_SIGNALS:  # before RL iterations (warm-up, catch-up) a signal ends the run at once
+            signal.signal(s, _interrupt)
         if info is None:
             write_resume_info(run_path, exp.config, tracker.run_id, uri)
             session.warm_up()
@@ -224,6 +226,12 @@ def _run(exp: Experiment, run_name: str, tracking_uri: str | None, log: Callable
         memory.stop()
         session.close(status)
         algo.stop()
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    """Before the first RL iteration there is nothing to checkpoint: SIGINT or SIGTERM ends the run
+    at once, as ``KeyboardInterrupt`` named after the signal (the CLI exits with 128 + it)."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _catch_up_resumed(session: Session, iteration: int) -> None:

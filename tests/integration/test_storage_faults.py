@@ -227,10 +227,11 @@ def test_sigterm_is_handled_like_ctrl_c(tiny_model_dir, tmp_path) -> None:
     assert re.search(r"^\[1/4\]", p.stdout, re.M) is None  # nothing before the checkpoint is redone
 
 
-def test_ctrl_c_during_the_warm_up_is_one_line_and_a_killed_run(tiny_model_dir, tmp_path) -> None:
-    """SIGINT during the supervised warm-up (before RL iterations install their own handler): one
-    line instead of a traceback, exit code 130 (128 + SIGINT), the MLflow run closed as KILLED, no
-    Ray process left behind; the same command then starts the run afresh."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_warm_up_is_one_line_and_a_killed_run(sig, tiny_model_dir, tmp_path) -> None:
+    """Ctrl-C or SIGTERM during the supervised warm-up (before RL iterations, which finish the
+    iteration and checkpoint): one line instead of a traceback, exit code 128 + the signal, the
+    MLflow run closed as KILLED, no Ray process left behind."""
     import psutil
 
     runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
@@ -247,16 +248,17 @@ def test_ctrl_c_during_the_warm_up_is_one_line_and_a_killed_run(tiny_model_dir, 
             seen.append(line)
             if line.startswith("[warm-up 2/500]") and not children:
                 children = psutil.Process(proc.pid).children(recursive=True)
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(sig)
         rc = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     out = "".join(seen)
-    assert children and rc == 128 + signal.SIGINT, out[-4000:]
+    assert children and rc == 128 + sig, out[-4000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-4000:]
-    assert out.rstrip().splitlines()[-1].startswith("interrupted before the first RL iteration ended"), out[-2000:]
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith(f"interrupted ({sig.name}) before the first RL iteration ended"), out[-2000:]
     assert _run_status(uri, "warm") == "KILLED"
     _, alive = psutil.wait_procs(children, timeout=120)
     assert not alive, [(c.pid, c.name()) for c in alive]

@@ -252,4 +252,4 @@ def test_ctrl_c_before_the_first_rl_iteration_is_one_line_and_exit_130(
     code, err, out = run_cli(["train", *CPU, "--set", f"starpo.model={d / 'model'}",
                               "--set", f"run_dir={d / 'runs'}", "--run-name", "runB"], capsys)
     assert code == 130 and "Traceback" not in err + out
-    assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted before the first RL iteration")
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted (SIGINT) before the first RL")
