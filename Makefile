@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -91,6 +91,23 @@ reproduce-frozen-lake-guided: model
 		--set starpo.test_freq=20 --set checkpoint_freq=22 --set starpo.response_length=24 \
 		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8
 	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided
+
+# Expert SFT alone on FrozenLake `guided`: the 20-step warm-up as in reproduce-expert-sft-rl (4 lakes x 4
+# copies a step, LR 1e-5), then 40 steps of 8 distinct lakes at LR 5e-5. The validation on 128 fixed
+# states before the one RL iteration is SFT alone; that iteration's rollouts (sampled before its update)
+# show how often the SFT policy's first action follows the goal line (docs/results.md).
+reproduce-frozen-lake-guided-sft: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-guided-sft20 --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
+		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=1 \
+		--set warmup.kind=expert --set starpo.response_length=24
+	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft20
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-guided-sft40 --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
+		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=1 --set checkpoint_freq=1 \
+		--set warmup.kind=expert --set warmup.steps=40 --set warmup.groups=8 --set warmup.group_size=1 \
+		--set starpo.actor_lr=5.0e-5 --set starpo.response_length=24
+	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft40
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups
