@@ -100,7 +100,8 @@ reproduce-frozen-lake-guided-sft: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name repro-frozen-lake-guided-sft20 --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
 		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=1 \
-		--set warmup.kind=expert --set starpo.response_length=24
+		--set warmup.kind=expert --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8
 	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft20
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name repro-frozen-lake-guided-sft40 --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
