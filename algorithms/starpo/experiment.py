@@ -53,6 +53,17 @@ class Warmup:
     groups: int = 4
     group_size: int = 4
 
+    def duplicate_demos_note(self) -> str | None:
+        """A one-line note when the demonstrations repeat: the expert acts deterministically, so the
+        ``group_size`` samples of a group (one initial state) get the same demonstration (up to slips
+        on the slippery lake)."""
+        if self.steps and self.kind == "expert" and self.group_size > 1:
+            return (f"warm-up: the expert is deterministic, so warmup.group_size={self.group_size} repeats each "
+                    f"demonstration {self.group_size} times ({self.steps * self.groups} distinct initial states "
+                    f"in {self.steps} steps); warmup.groups={self.groups * self.group_size} "
+                    f"warmup.group_size=1 shows as many rows, all distinct")
+        return None
+
 
 @dataclass(frozen=True)
 class Tracking:

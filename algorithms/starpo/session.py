@@ -69,6 +69,8 @@ class Session:
         warm = self.exp.warmup
         if warm.steps:
             self.log(f"[warm-up] {warm.steps} supervised steps on {warm.kind} demonstrations")
+            if (note := warm.duplicate_demos_note()) is not None:
+                log_warning(self.log, note)
             # One "[warm-up s/N] sft/loss=.." line per step; on a terminal a bar showing the loss instead.
             bar = progress(self.log, total=warm.steps, desc="warm-up", keep_lines=False)
 

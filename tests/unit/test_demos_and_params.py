@@ -95,3 +95,14 @@ def test_training_temperature_must_be_positive_and_sampler_logps_need_t1():
         starpo_s(model="m", temperature=0.7, old_logp_source="sampler")
     assert starpo_s(model="m", temperature=0.7).temperature == 0.7
     assert starpo_s(model="m", val_temperature=0.0).val_temperature == 0.0  # greedy validation stays allowed
+
+
+def test_warmup_notes_repeated_expert_demonstrations() -> None:
+    from ragen_rllib.algorithms.starpo.experiment import Warmup
+
+    note = Warmup(steps=20, kind="expert", groups=4, group_size=4).duplicate_demos_note()
+    assert note is not None and "repeats each demonstration 4 times" in note and "(80 distinct" in note
+    assert "warmup.groups=16 warmup.group_size=1" in note
+    assert Warmup(steps=20, kind="expert", groups=16, group_size=1).duplicate_demos_note() is None
+    assert Warmup(steps=20, kind="random-valid", groups=4, group_size=4).duplicate_demos_note() is None
+    assert Warmup(steps=0, kind="expert").duplicate_demos_note() is None
