@@ -183,6 +183,31 @@ def test_truncated_parquet_and_checkpoint_fail_naming_the_file(tiny_model_dir, t
     assert _run_status(uri, "cut") == "FINISHED"  # the run was not reopened
 
 
+def _signal_on_line(args: list[str], cwd: Path, prefix: str, sig: signal.Signals) -> tuple[int, str, list]:
+    """Run ``ragen-rllib <args>``; at its first output line starting with ``prefix``, send ``sig`` to
+    the driver only (as Ctrl-C, `kill PID` or a scheduler does). Returns (exit code, output, the
+    driver's child processes at that moment: local Ray's, to check none outlives it)."""
+    import psutil
+
+    proc = subprocess.Popen(CLI + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen, deadline, children = [], time.time() + 600, []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(prefix) and not children:
+                children = psutil.Process(proc.pid).children(recursive=True)
+                proc.send_signal(sig)
+            if time.time() > deadline:
+                break
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    return rc, "".join(seen), children
+
+
 def test_sigterm_is_handled_like_ctrl_c(tiny_model_dir, tmp_path) -> None:
     """SIGTERM after the first iteration: the iteration in progress ends, a checkpoint is written
     (checkpoint_freq 0: only because of the signal), the MLflow run is closed as KILLED, the exit
@@ -194,23 +219,8 @@ def test_sigterm_is_handled_like_ctrl_c(tiny_model_dir, tmp_path) -> None:
 
     runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     exp = _write_experiment(tmp_path / "exp.yaml", tiny_model_dir, runs, iterations=4, checkpoint_freq=0)
-    proc = subprocess.Popen(CLI + ["train", "--config", str(exp), "--run-name", "term"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen, deadline, children = [], time.time() + 600, []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("[1/4]") and not children:
-                children = psutil.Process(proc.pid).children(recursive=True)  # local Ray's processes
-                proc.send_signal(signal.SIGTERM)  # to the driver only, as `kill PID` or a scheduler does
-            if time.time() > deadline:
-                break
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-    out = "".join(seen)
+    rc, out, children = _signal_on_line(["train", "--config", str(exp), "--run-name", "term"], tmp_path, "[1/4]",
+                                        signal.SIGTERM)
     assert children and rc == 128 + signal.SIGTERM, out[-4000:]
     assert "interrupted: saving a checkpoint and closing the MLflow run (SIGTERM)" in out
     done = len(read_checkpoint_history(runs / "term" / "checkpoint"))
@@ -239,22 +249,8 @@ def test_a_signal_during_the_warm_up_is_one_line_and_a_killed_run(sig, tiny_mode
     cfg = yaml.safe_load(exp.read_text())
     cfg["warmup"] = {"steps": 500, "kind": "random-valid", "groups": 2, "group_size": 2}
     exp.write_text(yaml.safe_dump(cfg))
-    cmd = CLI + ["train", "--config", str(exp), "--run-name", "warm"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    seen, children = [], []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("[warm-up 2/500]") and not children:
-                children = psutil.Process(proc.pid).children(recursive=True)
-                proc.send_signal(sig)
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-    out = "".join(seen)
+    rc, out, children = _signal_on_line(["train", "--config", str(exp), "--run-name", "warm"], tmp_path,
+                                        "[warm-up 2/500]", sig)
     assert children and rc == 128 + sig, out[-4000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-4000:]
     last = out.rstrip().splitlines()[-1]
