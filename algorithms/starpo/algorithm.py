@@ -310,18 +310,23 @@ class StarPO(Algorithm):
 
     # ------------------------------------------------------------- warm-up
     def warmup(self, steps: int, kind: str = "random-valid", groups: int = 4, group_size: int = 4,
-               log: Any = None) -> list[dict[str, float]]:
+               log: Any = None, lr: float | None = None) -> list[dict[str, float]]:
         """Supervised stage before RL: cross-entropy on env-generated demonstrations.
 
         ``random-valid`` teaches the answer format (random valid actions); ``expert`` (BFS plans,
         shortest paths, solutions, the high arm) reproduces the paper's SFT baseline. Uses the
         same Learner and the same token-exact chat assembly as RL; ends with a weight sync.
 
+        ``lr`` (None: ``starpo.actor_lr``) is the actor's rate for these steps; the RL schedule sets
+        its own rate again at each update (``_update``).
+
         Returns:
-            per-step metrics (``sft/loss``, ``time/warmup_step``).
+            per-step metrics (``sft/loss``, ``sft/lr``, ``time/warmup_step``).
         """
         p = self.config.starpo
         history = []
+        factor = 1.0 if lr is None else lr / p.actor_lr
+        lrs = _first(self.learner_group.foreach_learner(lambda lrn: lrn.apply_lr_schedule(factor)))
         for s in range(steps):
             t0 = time.perf_counter()
             grp = [(-(s * groups + g + 1), p.seed + 10**7 + s * groups + g) for g in range(groups)]
@@ -333,6 +338,7 @@ class StarPO(Algorithm):
                                                                   env_steps=len(ub)),
                                             minibatch_size=None, num_epochs=1)
             m = {k: v for k, v in _flatten_learner_results(res).items() if "sft" in k or "norm" in k}
+            m["sft/lr"] = lrs["actor/lr"]
             m["time/warmup_step"] = time.perf_counter() - t0
             history.append(m)
             if log is not None:

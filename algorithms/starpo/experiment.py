@@ -46,12 +46,16 @@ class Warmup:
     Attributes:
         steps: SFT steps (int >= 0). kind: demonstration policy (``envs/demos.py``).
         groups, group_size: demonstration rollouts per step (P initial states x N samples, ints >= 1).
+        lr: the actor's learning rate during the warm-up (float > 0, per optimizer step); None: the
+            RL rate ``starpo.actor_lr``. SFT usually wants a larger rate than RL; RL's schedule
+            takes over again at its first update.
     """
 
     steps: int = 0
     kind: str = "random-valid"
     groups: int = 4
     group_size: int = 4
+    lr: float | None = None
 
     def duplicate_demos_note(self) -> str | None:
         """A one-line note when the demonstrations repeat: the expert acts deterministically, so the
@@ -382,6 +386,8 @@ _SECTION_TYPES: dict[str, tuple[Any, str]] = {
     "int | None": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
                    "an int >= 0 or null"),
     "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+    "float | None": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
+                     "a number >= 0 or null"),
     "float | str": (lambda v: v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
                     "a number >= 0 or 'auto'"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
@@ -412,6 +418,8 @@ def _section(cls: type, cfg: Mapping[str, Any], name: str, where: str) -> Any:
         for k in ("groups", "group_size"):
             if getattr(obj, k) < 1:
                 raise ConfigError(f"{where}: warmup.{k} must be an int >= 1, got {getattr(obj, k)!r}")
+        if obj.lr is not None and not obj.lr > 0:
+            raise ConfigError(f"{where}: warmup.lr must be a number > 0 or null (starpo.actor_lr), got {obj.lr!r}")
     if cls is Resources and obj.ray_num_cpus < 1:
         raise ConfigError(f"{where}: rllib.ray_num_cpus must be an int >= 1, got {obj.ray_num_cpus!r}")
     return obj

@@ -68,7 +68,8 @@ class Session:
         """The experiment's supervised warm-up (if any), its metrics logged as ``warmup/*`` per step."""
         warm = self.exp.warmup
         if warm.steps:
-            self.log(f"[warm-up] {warm.steps} supervised steps on {warm.kind} demonstrations")
+            lr = "" if warm.lr is None else f" at LR {warm.lr:g}"
+            self.log(f"[warm-up] {warm.steps} supervised steps on {warm.kind} demonstrations{lr}")
             if (note := warm.duplicate_demos_note()) is not None:
                 log_warning(self.log, note)
             # One "[warm-up s/N] sft/loss=.." line per step; on a terminal a bar showing the loss instead.
@@ -78,7 +79,8 @@ class Session:
                 bar.step(line, postfix=" ".join(t for t in line.split() if "loss=" in t))
 
             for s, m in enumerate(self.algo.warmup(warm.steps, warm.kind, groups=warm.groups,
-                                                   group_size=warm.group_size, log=step)):
+                                                   group_size=warm.group_size, log=step,
+                                                   lr=warm.lr)):
                 self.tracker.log_metrics({f"warmup/{k.split('/')[-1]}": v for k, v in m.items()}, step=s)
             bar.close()
         return self

@@ -42,6 +42,18 @@ def test_starpo_s_learns_bandit(tiny_model_dir, ray_local, tmp_path) -> None:
     assert after["val/bandit/success"] >= before + 0.2, (before, after)
 
 
+def test_warm_up_runs_at_its_own_rate_and_rl_at_actor_lr(tiny_model_dir, ray_local, tmp_path) -> None:
+    algo = _algo(tiny_model_dir, tmp_path, "starpo_s", actor_lr=1e-4)
+    try:
+        sft = algo.warmup(2, "random-valid", groups=2, group_size=2, lr=3e-3)
+        rl = algo.train()
+    finally:
+        algo.stop()
+    assert [m["sft/lr"] for m in sft] == pytest.approx([3e-3, 3e-3])
+    lr = [v for k, v in rl.items() if k.endswith("actor/lr")]
+    assert lr and lr[0] == pytest.approx(1e-4), {k: v for k, v in rl.items() if "lr" in k}
+
+
 @pytest.mark.parametrize("preset,kw", [("starpo", {}), ("starpo_s", {"adv_estimator": "grpo"})])
 def test_vanilla_and_grpo_variants_run(tiny_model_dir, ray_local, tmp_path, preset, kw) -> None:
     algo = _algo(tiny_model_dir, tmp_path, preset, **kw)

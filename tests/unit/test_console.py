@@ -162,7 +162,7 @@ def test_warm_up_prints_one_line_per_step_without_a_terminal(tmp_path: Path) -> 
     from ragen_rllib.algorithms.starpo.session import Session
 
     class Algo:
-        def warmup(self, steps, kind, groups, group_size, log):
+        def warmup(self, steps, kind, groups, group_size, log, lr=None):
             for s in range(steps):
                 log(f"[warm-up {s + 1}/{steps}] sft/loss={3.0 - s:.4g}")
             return [{"sft/loss": 3.0 - s} for s in range(steps)]

@@ -216,6 +216,8 @@ def test_experiment_is_typed_and_frozen() -> None:
 
     exp = Experiment.load(ROOT / "experiments" / "bandit_starpo_s.yaml", "cpu", ["iterations=3", "warmup.steps=2"])
     assert exp.iterations == 3 and exp.warmup.steps == 2 and exp.warmup.kind == "random-valid"
+    assert exp.warmup.lr is None  # the RL rate, unless set
+    assert Experiment.load(ROOT / "experiments" / "bandit_starpo_s.yaml", "cpu", ["warmup.lr=5.0e-5"]).warmup.lr == 5e-5
     assert exp.rllib.num_learners == 0 and exp.tracking.log_model is True and exp.profile == "cpu"
     assert exp.mlflow_experiment == "ragen-bandit" and exp.starpo.model == "smollm2-135m-instruct"
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -236,6 +238,8 @@ def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
     (["tracking.log_modl=False"], "did you mean 'tracking.log_model'"),
     (["warmup.kind=oracle"], "warmup.kind must be one of"),
     (["warmup.steps=-1"], "warmup.steps must be an int >= 0"),
+    (["warmup.lr=0"], r"warmup.lr must be a number > 0 or null \(starpo.actor_lr\), got 0"),
+    (["warmup.lr=fast"], "warmup.lr must be a number >= 0 or null, got 'fast'"),
     (["checkpoint_freq=x"], "checkpoint_freq must be an int >= 0"),
     (["rllib.num_gpu_per_learner=1"], "did you mean 'rllib.num_gpus_per_learner'"),
     (["iterations.x=1"], "'iterations' is a single value"),
