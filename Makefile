@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -109,6 +109,20 @@ reproduce-frozen-lake-guided-sft: model
 		--set warmup.kind=expert --set warmup.steps=40 --set warmup.groups=8 --set warmup.group_size=1 \
 		--set starpo.actor_lr=5.0e-5 --set starpo.response_length=24
 	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft40
+
+# Expert SFT + StarPO-S vs expert SFT alone on FrozenLake `guided`: the 40-step SFT above (8 distinct
+# lakes a step, warm-up LR 5e-5), then 16 RL iterations at LR 1e-5 on 8 lakes x 8 samples (the filter
+# keeps 2 groups = 16 rows, one optimizer step). Validation on 128 fixed states before RL (= SFT alone),
+# at iteration 8 and at the end (docs/results.md).
+reproduce-frozen-lake-guided-sft-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name repro-frozen-lake-guided-sft-rl --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
+		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=16 \
+		--set starpo.test_freq=8 --set checkpoint_freq=16 \
+		--set warmup.kind=expert --set warmup.steps=40 --set warmup.groups=8 --set warmup.group_size=1 \
+		--set warmup.lr=5.0e-5 --set starpo.actor_lr=1.0e-5 --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft-rl
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups
