@@ -380,22 +380,29 @@ def _preset(value: Any, where: str) -> str:
     return value
 
 
+def _count(v: Any) -> bool:
+    """An int >= 0 (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _amount(v: Any) -> bool:
+    """A number >= 0 (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+
 #: What each annotation of ``Warmup``, ``Tracking`` and ``Resources`` allows, and how to say it.
 _SECTION_TYPES: dict[str, tuple[Any, str]] = {
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
-    "int | None": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-                   "an int >= 0 or null"),
-    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
-    "float | None": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
-                     "a number >= 0 or null"),
-    "float | str": (lambda v: v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
-                    "a number >= 0 or 'auto'"),
+    "int": (_count, "an int >= 0"),
+    "int | None": (lambda v: v is None or _count(v), "an int >= 0 or null"),
+    "float": (_amount, "a number >= 0"),
+    "float | None": (lambda v: v is None or _amount(v), "a number >= 0 or null"),
+    "float | str": (lambda v: v == "auto" or _amount(v), "a number >= 0 or 'auto'"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "str": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "Mapping[str, float]": (lambda v: isinstance(v, Mapping) and all(
-        isinstance(k, str) and isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
-        for k, x in v.items()), "a mapping of resource name: amount >= 0"),
+    "Mapping[str, float]": (lambda v: isinstance(v, Mapping) and all(isinstance(k, str) and _amount(x)
+                                                                     for k, x in v.items()),
+                            "a mapping of resource name: amount >= 0"),
 }
 
 
