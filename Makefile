@@ -113,16 +113,20 @@ reproduce-frozen-lake-guided-sft: model
 # Expert SFT + StarPO-S vs expert SFT alone on FrozenLake `guided`: the 40-step SFT above (8 distinct
 # lakes a step, warm-up LR 5e-5), then 16 RL iterations at LR 1e-5 on 8 lakes x 8 samples (the filter
 # keeps 2 groups = 16 rows, one optimizer step). Validation on 128 fixed states before RL (= SFT alone),
-# at iteration 8 and at the end (docs/results.md).
+# at iteration 8 and at the end, each compared state by state with SFT alone (docs/results.md). Another
+# seed: make reproduce-frozen-lake-guided-sft-rl GUIDED_SEED=10001 GUIDED_RUN=repro-frozen-lake-guided-sft-rl-s10001
+GUIDED_SEED ?= 10000
+GUIDED_RUN ?= repro-frozen-lake-guided-sft-rl
 reproduce-frozen-lake-guided-sft-rl: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
-		--run-name repro-frozen-lake-guided-sft-rl --set starpo.seed=10000 --set starpo.env=frozen_lake:guided \
+		--run-name $(GUIDED_RUN) --set starpo.seed=$(GUIDED_SEED) --set starpo.env=frozen_lake:guided \
 		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=16 \
 		--set starpo.test_freq=8 --set checkpoint_freq=16 \
 		--set warmup.kind=expert --set warmup.steps=40 --set warmup.groups=8 --set warmup.group_size=1 \
 		--set warmup.lr=5.0e-5 --set starpo.actor_lr=1.0e-5 --set starpo.response_length=24 \
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
-	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided-sft-rl
+	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RUN)
+	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RUN)
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups

@@ -44,6 +44,7 @@ from ragen_rllib.trajectory import (
     with_token_advantages,
 )
 from ragen_rllib.trajectory.schema import Col
+from ragen_rllib.trajectory.store import validation_store
 from ragen_rllib.trajectory.summary import summarize
 
 
@@ -351,7 +352,9 @@ class StarPO(Algorithm):
         """Fixed initial states (``val_seed``..), ``val_group_size`` samples each, at ``val_temperature``.
 
         Returns ``val/<env>/success`` (mean), ``.../success_ci95`` (Wilson half-width),
-        ``.../pass@k`` (k = val_group_size) and the rollout summary metrics.
+        ``.../pass@k`` (k = val_group_size) and the rollout summary metrics. The rollouts are
+        stored as ``<run>/validation/<env>/iter_<it>.parquet`` (it = RL iterations done; a redone
+        validation replaces its file), so that two validations compare state by state.
         """
         p = self.config.starpo
         out: dict[str, float] = {}
@@ -359,6 +362,7 @@ class StarPO(Algorithm):
             groups = [(10**9 + g, p.val_seed + g) for g in range(p.val_groups)]
             rows, _ = self._sample(groups, p.val_group_size, env, p.val_temperature, self.iteration,
                                    sampling_seed=p.val_seed)
+            validation_store(self.store.run_dir, env).write(self.iteration, rows_to_table(rows), overwrite=True)
             succ = np.array([r[Col.SUCCESS] for r in rows], dtype=float)
             mean, half = success_ci95(succ)
             per_state: dict[int, list[bool]] = {}

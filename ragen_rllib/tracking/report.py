@@ -39,7 +39,7 @@ import numpy as np
 
 from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS, EchoTrapMonitor
 from ragen_rllib.trajectory.schema import Col
-from ragen_rllib.trajectory.store import TRAJECTORIES_DIR, read_run
+from ragen_rllib.trajectory.store import TRAJECTORIES_DIR, read_run, validation_store
 
 #: The report's file name inside the run folder.
 REPORT_FILE = "report.html"
@@ -169,6 +169,95 @@ def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float
     m = float(x.mean())
     se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
     return m, m - z * se, m + z * se
+
+
+def mcnemar_exact(gains: int, losses: int) -> float:
+    """Two-sided exact McNemar test of paired binary outcomes (before, after).
+
+    Under "no change" each discordant pair is a gain (fail -> success) or a loss (success -> fail)
+    with probability 1/2, so ``p = min(1, 2 * P[Binomial(gains + losses, 1/2) <= min(gains, losses)])``.
+
+    Args:
+        gains: pairs that failed before and succeed after (>= 0).
+        losses: pairs that succeeded before and fail after (>= 0).
+
+    Returns:
+        The p-value in (0, 1]; 1.0 when there is no discordant pair.
+
+    Raises:
+        ValueError: a count is negative.
+    """
+    if gains < 0 or losses < 0:
+        raise ValueError(f"gains and losses must be >= 0, got gains={gains}, losses={losses}")
+    n, k = gains + losses, min(gains, losses)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Two validations compared on the rollouts they share (same initial state, same sample index).
+
+    Rates are success fractions in [0, 1]; ``diff_*`` is the mean over initial states of the
+    per-state success difference (after - before) with its 95% normal interval, so the samples
+    of one state count as one paired unit. ``p_mcnemar`` treats each rollout pair as independent
+    (exact when there is one sample per state).
+    """
+
+    pairs: int  # rollouts present in both validations
+    states: int  # distinct initial states among them
+    unpaired: int  # rollouts present in only one of the two (left out)
+    before: float
+    after: float
+    gains: int  # failed before, succeed after
+    losses: int  # succeeded before, fail after
+    diff: float
+    diff_low: float
+    diff_high: float
+    p_mcnemar: float
+
+
+def paired_comparison(before: Mapping[tuple[int, int], bool],
+                      after: Mapping[tuple[int, int], bool]) -> PairedComparison:
+    """Compare two validations rollout by rollout.
+
+    Args:
+        before, after: success of each rollout keyed by ``(initial_seed, sample_idx)``.
+
+    Raises:
+        ValueError: the two share no rollout.
+    """
+    keys = sorted(before.keys() & after.keys())
+    if not keys:
+        raise ValueError(f"the two validations share no (initial_seed, sample_idx): {len(before)} and "
+                         f"{len(after)} rollouts")
+    gains = sum(1 for k in keys if after[k] and not before[k])
+    losses = sum(1 for k in keys if before[k] and not after[k])
+    per_state: dict[int, list[float]] = {}
+    for k in keys:
+        per_state.setdefault(k[0], []).append(float(after[k]) - float(before[k]))
+    diff, lo, hi = mean_interval([sum(d) / len(d) for d in per_state.values()])
+    return PairedComparison(
+        pairs=len(keys), states=len(per_state), unpaired=len(before.keys() ^ after.keys()),
+        before=sum(bool(before[k]) for k in keys) / len(keys), after=sum(bool(after[k]) for k in keys) / len(keys),
+        gains=gains, losses=losses, diff=diff, diff_low=lo, diff_high=hi, p_mcnemar=mcnemar_exact(gains, losses))
+
+
+def validation_outcomes(run_folder: str | os.PathLike, env: str) -> dict[int, dict[tuple[int, int], bool]]:
+    """The stored validations of a run on ``env``: ``{iteration: {(initial_seed, sample_idx): success}}``.
+
+    ``iteration`` is the number of RL iterations done before that validation (0: after the warm-up,
+    before RL). Empty when the run stored none (runs made before validation rollouts were kept).
+    """
+    store = validation_store(run_folder, env)
+    out: dict[int, dict[tuple[int, int], bool]] = {}
+    for it in store.iterations():
+        t = store.read_iteration(it).select([Col.INITIAL_SEED, Col.SAMPLE_IDX, Col.SUCCESS]).to_pydict()
+        out[it] = {(int(s), int(i)): bool(ok) for s, i, ok in
+                   zip(t[Col.INITIAL_SEED], t[Col.SAMPLE_IDX], t[Col.SUCCESS], strict=True)}
+    return out
 
 
 # --------------------------------------------------------------------------------------------

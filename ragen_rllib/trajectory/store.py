@@ -42,6 +42,8 @@ from ragen_rllib.trajectory.schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERS
 
 #: Subdirectory of a run directory that holds the iteration files.
 TRAJECTORIES_DIR = "trajectories"
+#: Subdirectory of a run directory that holds the validation rollouts, one store per validation env.
+VALIDATION_DIR = "validation"
 #: Prefix of in-progress/abandoned writes; readers ignore names starting with "." or "_".
 TEMP_PREFIX = ".tmp-"
 #: Largest storable iteration (six zero-padded digits keep lexical order == numeric order).
@@ -63,19 +65,23 @@ class TrajectoryStore:
     Args:
         root: Directory holding all runs (created on first write).
         run_id: Name of this run; letters, digits, ``.`` and ``-``, not starting with ``.``.
+        subdir: Where inside the run directory the files go: ``trajectories`` (training rollouts)
+            or ``validation_subdir(env)`` (the rollouts of each validation, ``iteration`` = the RL
+            iterations done before it).
 
     Raises:
         ValueError: ``run_id`` is not a safe directory name.
     """
 
-    def __init__(self, root: str | Path, run_id: str) -> None:
+    def __init__(self, root: str | Path, run_id: str, subdir: str = TRAJECTORIES_DIR) -> None:
         if not _RUN_ID_RE.match(run_id):
             raise ValueError(f"run_id {run_id!r} must match {_RUN_ID_RE.pattern} (it becomes a directory name)")
         self.root = Path(root)
         self.run_id = run_id
+        self.subdir = subdir
 
     def __repr__(self) -> str:
-        return f"TrajectoryStore(root={str(self.root)!r}, run_id={self.run_id!r})"
+        return f"TrajectoryStore(root={str(self.root)!r}, run_id={self.run_id!r}, subdir={self.subdir!r})"
 
     @property
     def run_dir(self) -> Path:
@@ -84,8 +90,8 @@ class TrajectoryStore:
 
     @property
     def directory(self) -> Path:
-        """``<root>/<run_id>/trajectories``: the directory to hand to ``ray.data.read_parquet``."""
-        return self.run_dir / TRAJECTORIES_DIR
+        """``<root>/<run_id>/<subdir>``: the directory to hand to ``ray.data.read_parquet``."""
+        return self.run_dir / self.subdir
 
     def path_for(self, iteration: int) -> Path:
         """Return the final path of ``iteration``'s file (whether or not it exists).
@@ -289,6 +295,17 @@ def read_run(
                                     f"pass the store root and run_id, or a run directory")
         path, run_id = path.parent, path.name
     return TrajectoryStore(path, run_id).read(iterations, filter=filter, columns=columns)
+
+
+def validation_subdir(env: str) -> str:
+    """``validation/<env>`` with ``:`` as ``-`` (``frozen_lake:guided`` -> ``validation/frozen_lake-guided``)."""
+    return f"{VALIDATION_DIR}/{env.replace(':', '-')}"
+
+
+def validation_store(run_dir: str | Path, env: str) -> TrajectoryStore:
+    """The store of a run's validation rollouts on ``env`` (``<run_dir>/validation/<env>``)."""
+    run_dir = Path(run_dir)
+    return TrajectoryStore(run_dir.parent, run_dir.name, validation_subdir(env))
 
 
 def list_runs(root: str | Path) -> list[str]:

@@ -15,6 +15,7 @@ def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path,
     from ragen_rllib.algorithms.starpo.config import StarPOConfig
     from ragen_rllib.algorithms.starpo.params import PRESETS
     from ragen_rllib.trajectory import TrajectoryStore
+    from ragen_rllib.trajectory.store import validation_store
 
     params = PRESETS[preset](model=str(tiny_model_dir), engine="hf", env="sokoban", env_groups=4, group_size=2,
                              max_turns=2, response_length=8, adv_estimator=adv, critic_type=critic,
@@ -32,6 +33,9 @@ def test_training_steps_run_and_write_arrow(tiny_model_dir, ray_local, tmp_path,
         assert key in results[0] or key in r, key
     table = TrajectoryStore(tmp_path, "t").read()
     assert table.num_rows == 2 * 4 * 2
+    val = validation_store(tmp_path / "t", "sokoban")  # the validation before RL, kept for paired comparisons
+    assert val.iterations() == [0]
+    assert val.read_iteration(0)[Col.INITIAL_SEED].to_pylist() == [params.val_seed, params.val_seed + 1]
     assert set(table[Col.POLICY_VERSION].to_pylist()) == {0, 1}
     kept = table.filter(table[Col.ITERATION].to_numpy() == 0)[Col.KEPT].to_pylist()
     assert None not in kept

@@ -176,3 +176,65 @@ def test_report_module_is_import_light() -> None:
     code = "import sys, ragen_rllib.tracking.report; print(' '.join(sorted(sys.modules)))"
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert not mods & {"ray", "vllm", "mlflow", "torch", "transformers"}, mods & {"ray", "vllm", "mlflow", "torch"}
+
+
+def test_mcnemar_exact_hand_computed() -> None:
+    assert R.mcnemar_exact(0, 0) == 1.0
+    assert R.mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * P[B(5, .5) = 0]
+    assert R.mcnemar_exact(1, 9) == pytest.approx(22 / 1024)  # 2 * (1 + 10) / 2^10
+    assert R.mcnemar_exact(5, 2) == pytest.approx(58 / 128)  # 2 * (1 + 7 + 21) / 2^7
+    assert R.mcnemar_exact(3, 3) == 1.0  # 2 * 42/64 > 1 is capped
+    with pytest.raises(ValueError, match="losses=-1"):
+        R.mcnemar_exact(2, -1)
+
+
+def test_paired_comparison_hand_computed() -> None:
+    before = {(1, 0): False, (2, 0): True, (3, 0): False, (4, 0): True}
+    after = {(1, 0): True, (2, 0): True, (3, 0): True, (4, 0): False, (5, 0): True}  # state 5 is unpaired
+    c = R.paired_comparison(before, after)
+    assert (c.pairs, c.states, c.unpaired, c.gains, c.losses) == (4, 4, 1, 2, 1)
+    assert (c.before, c.after) == (0.5, 0.75)
+    # per-state diffs [1, 0, 1, -1]: mean .25, sd sqrt(2.75 / 3) = .957427, 1.96 * sd / 2 = .938279
+    assert (c.diff, c.diff_low, c.diff_high) == pytest.approx((0.25, -0.688279, 1.188279), abs=1e-5)
+    assert c.p_mcnemar == 1.0  # 2 * (1 + 3) / 8
+    # two samples per state: the state is the paired unit (diffs [.5, 0] -> .25 ± 1.96 * .25)
+    two = R.paired_comparison({(1, 0): False, (1, 1): False, (2, 0): True, (2, 1): True},
+                              {(1, 0): True, (1, 1): False, (2, 0): True, (2, 1): True})
+    assert (two.pairs, two.states, two.gains) == (4, 2, 1)
+    assert (two.diff, two.diff_low, two.diff_high) == pytest.approx((0.25, -0.24, 0.74), abs=1e-9)
+    with pytest.raises(ValueError, match="share no"):
+        R.paired_comparison({(1, 0): True}, {(2, 0): True})
+
+
+def _write_validation(run: Path, env: str, iteration: int, success: list[bool]) -> None:
+    from ragen_rllib.trajectory.store import validation_store
+
+    spec = RolloutSpec("frozen_lake", group_size=1, max_turns=1)
+    groups = [(10**9 + g, 123 + g) for g in range(len(success))]
+    rows = RolloutLoop(ScriptedEngine(TOK, _reply), TOK, spec).run(groups, run_id=run.name, iteration=iteration,
+                                                                   sampling_seed=123).rows
+    for r, ok in zip(rows, success, strict=True):
+        r[Col.SUCCESS] = ok
+    validation_store(run, env).write(iteration, rows_to_table(rows), overwrite=True)
+
+
+def test_validation_outcomes_and_paired_script(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "paired", iterations=1)
+    assert R.validation_outcomes(run, "frozen_lake:guided") == {}  # a run without stored validations
+    _write_validation(run, "frozen_lake:guided", 0, [False] * 6 + [True] * 2)
+    _write_validation(run, "frozen_lake:guided", 8, [True] * 8)
+    assert (run / "validation" / "frozen_lake-guided" / "iter_000008.parquet").is_file()
+    out = R.validation_outcomes(run, "frozen_lake:guided")
+    assert sorted(out) == [0, 8] and out[0][(123, 0)] is False and out[8][(130, 0)] is True
+    assert R.read_history(run).steps  # training files untouched by the validation stores
+    script = Path(__file__).resolve().parents[2] / "scripts" / "paired_validation.py"
+    p = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert "differences against paired@0" in lines[0]
+    # 6 gains, 0 losses: McNemar p = 2 / 2^6 = 0.03125
+    assert any(ln.startswith("| paired@8 | 8 | 1.000 [") and "| 8 | 6 | 0 | +0.750 [" in ln
+               and ln.endswith("| 0.0312 |") for ln in lines), p.stdout
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == f"error: no run directory {tmp_path / 'nope'}"

@@ -658,3 +658,19 @@ def test_trajectory_package_is_import_light() -> None:
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     heavy = ("torch", "ray", "vllm", "deepspeed", "transformers", "mlflow")
     assert not sorted(m for m in mods if m.split(".")[0] in heavy)
+
+
+def test_validation_stores_sit_beside_the_training_files(store: TrajectoryStore) -> None:
+    from ragen_rllib.trajectory.store import validation_store, validation_subdir
+
+    assert validation_subdir("frozen_lake:guided") == "validation/frozen_lake-guided"
+    val = validation_store(store.run_dir, "frozen_lake:guided")
+    assert "subdir='validation/frozen_lake-guided'" in repr(val)
+    path = val.write(8, make_table(8))
+    assert path == store.run_dir / "validation" / "frozen_lake-guided" / "iter_000008.parquet"
+    val.write(8, make_table(8, seed=3), overwrite=True)  # a redone validation replaces its file
+    assert val.iterations() == [8] and val.read_iteration(8).equals(make_table(8, seed=3))
+    # training readers see only trajectories/: no iteration, and the run is not listed until it has one
+    assert store.iterations() == [] and list_runs(store.root) == []
+    store.write(0, make_table(0))
+    assert list_runs(store.root) == [RUN] and read_run(store.run_dir)[Col.ITERATION].to_pylist() == [0] * 6

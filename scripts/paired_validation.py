@@ -1,0 +1,69 @@
+"""Validations compared state by state: every stored validation of one or more runs against the first.
+
+Each validation is stored as ``<run>/validation/<env>/iter_<it>.parquet`` (it = RL iterations done
+before it; 0 = after the warm-up, before RL). Validations of one env sample the same fixed initial
+states, so two of them pair rollout by rollout (same initial seed, same sample index). Per
+validation this prints its success with the 95% Wilson interval and, against the first one listed
+(the first run's earliest): pairs, gains (fail -> success), losses (success -> fail), the mean
+per-state difference with its 95% interval, and the two-sided exact McNemar p. Markdown table.
+
+    .venv/bin/python scripts/paired_validation.py runs/<run> [runs/<other> ...] [--env frozen_lake:guided]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ragen_rllib.tracking.report import paired_comparison, validation_outcomes, wilson_interval
+from ragen_rllib.trajectory.store import VALIDATION_DIR
+
+
+def _val_envs(run: Path) -> list[str]:
+    """The envs a run stored validations of (directory names: ``:`` written as ``-``)."""
+    d = run / VALIDATION_DIR
+    return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>)")
+    ap.add_argument("--env", help="validation env (default: the first run's first validation env)")
+    args = ap.parse_args()
+    for run in args.runs:
+        if not run.is_dir():
+            print(f"error: no run directory {run}", file=sys.stderr)
+            return 2
+    envs = _val_envs(args.runs[0])
+    if args.env is None and len(envs) != 1:
+        print(f"error: {args.runs[0]} holds validations of {envs or 'no env'}; pass --env", file=sys.stderr)
+        return 2
+    env = args.env or envs[0]
+    vals = [(f"{run.name}@{it}", out) for run in args.runs for it, out in validation_outcomes(run, env).items()]
+    if not vals:
+        print(f"error: no stored validation on {env} in {', '.join(map(str, args.runs))}", file=sys.stderr)
+        return 2
+    base_name, base = vals[0]
+    print(f"validation on {env}; differences against {base_name}\n")
+    print("| validation | n | success [95% Wilson] | pairs | gains | losses | diff [95%] | McNemar p |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, out in vals:
+        k, n = sum(out.values()), len(out)
+        lo, hi = wilson_interval(k, n)
+        row = f"| {name} | {n} | {k / n:.3f} [{lo:.3f}, {hi:.3f}] |"
+        if out is base:
+            print(row + " - | - | - | - | - |")
+            continue
+        try:
+            c = paired_comparison(base, out)
+        except ValueError as e:
+            print(row + f" 0 | - | - | ({e}) | - |")
+            continue
+        print(row + f" {c.pairs} | {c.gains} | {c.losses} | {c.diff:+.3f} [{c.diff_low:+.3f}, {c.diff_high:+.3f}]"
+                    f" | {c.p_mcnemar:.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
