@@ -29,7 +29,7 @@ def _val_envs(run: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>)")
-    ap.add_argument("--env", help="validation env (default: the first run's first validation env)")
+    ap.add_argument("--env", help="validation env (default: the one env the first run validated on)")
     args = ap.parse_args()
     for run in args.runs:
         if not run.is_dir():
@@ -40,7 +40,11 @@ def main() -> int:
         print(f"error: {args.runs[0]} holds validations of {envs or 'no env'}; pass --env", file=sys.stderr)
         return 2
     env = args.env or envs[0]
-    vals = [(f"{run.name}@{it}", out) for run in args.runs for it, out in validation_outcomes(run, env).items()]
+    try:
+        vals = [(f"{run.name}@{it}", out) for run in args.runs for it, out in validation_outcomes(run, env).items()]
+    except (OSError, ValueError) as e:  # a corrupt or foreign file: name it, no traceback
+        print(f"error: cannot read the validations: {e}", file=sys.stderr)
+        return 2
     if not vals:
         print(f"error: no stored validation on {env} in {', '.join(map(str, args.runs))}", file=sys.stderr)
         return 2

@@ -238,3 +238,7 @@ def test_validation_outcomes_and_paired_script(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip() == f"error: no run directory {tmp_path / 'nope'}"
+    (run / "validation" / "frozen_lake-guided" / "iter_000016.parquet").write_bytes(b"not parquet")
+    corrupt = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
+    assert corrupt.returncode == 2 and corrupt.stderr.startswith("error: cannot read the validations: "), corrupt.stderr
+    assert "iter_000016.parquet" in corrupt.stderr and len(corrupt.stderr.strip().splitlines()) == 1
