@@ -254,7 +254,7 @@ def validation_outcomes(run_folder: str | os.PathLike, env: str) -> dict[int, di
     store = validation_store(run_folder, env)
     out: dict[int, dict[tuple[int, int], bool]] = {}
     for it in store.iterations():
-        t = store.read_iteration(it).select([Col.INITIAL_SEED, Col.SAMPLE_IDX, Col.SUCCESS]).to_pydict()
+        t = store.read([it], columns=[Col.INITIAL_SEED, Col.SAMPLE_IDX, Col.SUCCESS]).to_pydict()  # not the token lists
         out[it] = {(int(s), int(i)): bool(ok) for s, i, ok in
                    zip(t[Col.INITIAL_SEED], t[Col.SAMPLE_IDX], t[Col.SUCCESS], strict=True)}
     return out
