@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -127,6 +127,26 @@ reproduce-frozen-lake-guided-sft-rl: model
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
 	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RUN)
 	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RUN)
+
+# Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the issue's fallback: RL from the format
+# warm-up did not fit a session here): 40 SFT steps on 8 distinct puzzles a step (BFS plans, <= 5
+# actions a turn, warm-up LR 5e-5), then 16 RL iterations at LR 1e-5 on 8 puzzles x 8 samples (the
+# filter keeps 2 groups = 16 rows, one optimizer step). Validation on 128 fixed states of `sokoban`,
+# `sokoban:new_vocab` and `sokoban:larger` before RL (= SFT alone) and at the end, compared state by
+# state (docs/results.md). Another seed: make reproduce-sokoban-sft-rl SOKOBAN_SEED=10001 SOKOBAN_RUN=<name>
+SOKOBAN_SEED ?= 10000
+SOKOBAN_RUN ?= repro-sokoban-sft-rl
+reproduce-sokoban-sft-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
+		--run-name $(SOKOBAN_RUN) --set starpo.seed=$(SOKOBAN_SEED) \
+		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
+		--set iterations=16 --set starpo.test_freq=16 --set checkpoint_freq=16 \
+		--set warmup.kind=expert --set warmup.steps=40 --set warmup.groups=8 --set warmup.group_size=1 \
+		--set warmup.lr=5.0e-5 --set starpo.actor_lr=1.0e-5 \
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:new_vocab
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:larger
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups

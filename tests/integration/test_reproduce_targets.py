@@ -119,8 +119,8 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
             assert p.stdout.startswith("| iteration | turns |") and "\n| 0 |" in p.stdout, p.stdout
         elif argv[0] == "scripts/paired_validation.py":  # the validations before and after the one iteration
             run = tmp_path / "runs" / Path(argv[1]).name
-            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
-                               timeout=600)
+            p = subprocess.run([sys.executable, argv[0], str(run), *argv[2:]], cwd=ROOT, capture_output=True,
+                               text=True, timeout=600)  # argv[2:]: the target's own options (--env)
             assert p.returncode == 0, p.stderr[-2000:]
             assert f"differences against {run.name}@0" in p.stdout and f"\n| {run.name}@1 | 1 |" in p.stdout, p.stdout
         else:
