@@ -133,7 +133,7 @@ reproduce-frozen-lake-guided-sft-rl: model
 # actions a turn, warm-up LR 5e-5), then 16 RL iterations at LR 1e-5 on 8 puzzles x 8 samples (the
 # filter keeps 2 groups = 16 rows, one optimizer step). Validation on 128 fixed states of `sokoban`,
 # `sokoban:new_vocab` and `sokoban:larger` before RL (= SFT alone) and at the end, compared state by
-# state (docs/results.md). Another seed: make reproduce-sokoban-sft-rl SOKOBAN_SEED=10001 SOKOBAN_RUN=<name>
+# state, and whether the first move starts a shortest solution (docs/results.md). Another seed: make reproduce-sokoban-sft-rl SOKOBAN_SEED=10001 SOKOBAN_RUN=<name>
 SOKOBAN_SEED ?= 10000
 SOKOBAN_RUN ?= repro-sokoban-sft-rl
 reproduce-sokoban-sft-rl: model
@@ -147,6 +147,7 @@ reproduce-sokoban-sft-rl: model
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:new_vocab
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:larger
+	@$(PY) scripts/sokoban_first_move.py runs/$(SOKOBAN_RUN)
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups

@@ -421,6 +421,32 @@ class SokobanEnv(TextEnv[SokobanConfig]):
         """Return a shortest action sequence from the current state (see ``solve_room``)."""
         return solve_room(self.walls, self.boxes, self.targets, self.player, max_states=max_states)
 
+    def shortest_first_actions(self, max_states: int = 200_000) -> list[str]:
+        """The actions that begin *some* shortest solution from the current state.
+
+        ``solve`` returns one shortest plan; this lists every action (in ``ACTIONS`` order) after
+        which a shortest plan one move shorter exists, so a policy is scored against all optimal
+        first moves, not one arbitrary tie-break. ``[]`` when solved, unsolvable or over the
+        state cap. The env is not changed.
+        """
+        plan = self.solve(max_states)
+        if not plan:
+            return []
+        out = []
+        for a, (dr, dc) in zip(ACTIONS, _DELTAS, strict=True):
+            r, c = self.player[0] + dr, self.player[1] + dc
+            if not (0 <= r < self.walls.shape[0] and 0 <= c < self.walls.shape[1]) or self.walls[r, c]:
+                continue
+            boxes = self.boxes.copy()
+            if boxes[r, c]:
+                if not self._free(r + dr, c + dc):
+                    continue
+                boxes[r, c], boxes[r + dr, c + dc] = False, True
+            rest = solve_room(self.walls, boxes, self.targets, (r, c), max_states=max_states)
+            if rest is not None and len(rest) == len(plan) - 1:
+                out.append(a)
+        return out
+
     def _free(self, r: int, c: int) -> bool:
         """True if (r, c) is inside the grid, not a wall and not a box."""
         h, w = self.walls.shape

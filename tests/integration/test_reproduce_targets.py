@@ -123,5 +123,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                text=True, timeout=600)  # argv[2:]: the target's own options (--env)
             assert p.returncode == 0, p.stderr[-2000:]
             assert f"differences against {run.name}@0" in p.stdout and f"\n| {run.name}@1 | 1 |" in p.stdout, p.stdout
+        elif argv[0] == "scripts/sokoban_first_move.py":  # the training and validation rollouts the train wrote
+            run = tmp_path / "runs" / Path(argv[1]).name
+            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
+                               timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert "| training | 0 |" in p.stdout and "| validation sokoban | 1 |" in p.stdout, p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")

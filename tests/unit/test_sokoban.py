@@ -263,3 +263,22 @@ def test_registry_and_prompt_data():
                                  "P": "player", "S": "player on target"}
     obs, info = env.reset(seed=3)
     assert info["success"] is False and info["initial_seed"] == 3
+
+
+def test_shortest_first_actions_lists_every_optimal_first_move():
+    # Box X left of the player, target O right of it: the shortest plans (6 moves) walk round the
+    # box over the row above or the row below, so Up and Down both start one. Left pushes the box
+    # against the left wall (dead) and Right steps onto the target (then 8 moves at best).
+    env = SokobanEnv.from_layout(["#######",
+                                  "#_____#",
+                                  "#_XPO_#",
+                                  "#_____#",
+                                  "#######"])
+    before = (env.player, env.boxes.copy())
+    assert env.shortest_first_actions() == ["Up", "Down"]
+    assert env.player == before[0] and np.array_equal(env.boxes, before[1])  # the env is not changed
+    corridor = SokobanEnv.from_layout(["######", "#PX_O#", "######"])
+    assert corridor.shortest_first_actions() == ["Right"]
+    corridor.step("Right")
+    corridor.step("Right")
+    assert corridor.solved and corridor.shortest_first_actions() == []

@@ -1,0 +1,83 @@
+"""How often a Sokoban policy's first move starts a shortest solution, per stored iteration.
+
+For every rollout of a run on a Sokoban env (training batches under ``trajectories/`` and every
+stored validation under ``validation/<env>/``), the initial room is rebuilt from the row's env,
+variant and initial seed (and checked against the stored first observation), and the first
+action of the first reply is compared with *every* action that begins some shortest solution
+(``SokobanEnv.shortest_first_actions``). Chance is a uniformly random first move: the number of
+optimal first moves / 4, averaged over the same rollouts. A policy that reads the room scores
+above chance; one that does not sits at it. Prints a Markdown table.
+
+    .venv/bin/python scripts/sokoban_first_move.py runs/<run>
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ragen_rllib.envs.registry import make_env
+from ragen_rllib.prompting import PromptConfig, parse_reply
+from ragen_rllib.trajectory.schema import Col
+from ragen_rllib.trajectory.store import VALIDATION_DIR, read_run, validation_store
+
+COLUMNS = [Col.ITERATION, Col.ENV_NAME, Col.ENV_VARIANT, Col.INITIAL_SEED, Col.TURN_STATES, Col.TURN_RESPONSES]
+
+
+def first_move_counts(rows: list[dict], cfg: PromptConfig) -> dict[int, list[float]]:
+    """Per iteration ``[rollouts, replies with an action, first moves that start a shortest
+    solution, expected such moves of a uniformly random first move]`` (Sokoban rows only).
+
+    Raises:
+        ValueError: a rebuilt room differs from the stored first observation (another env config).
+    """
+    per: dict[int, list[float]] = {}
+    optimal_cache: dict[tuple[str, str, int], list[str]] = {}
+    for row in rows:
+        if row[Col.ENV_NAME] != "sokoban":
+            continue
+        key = (row[Col.ENV_NAME], row[Col.ENV_VARIANT], int(row[Col.INITIAL_SEED]))
+        if key not in optimal_cache:
+            env = make_env(key[0], key[1] or None)
+            env.reset(seed=key[2])
+            if env.render() not in row[Col.TURN_STATES][0]:
+                raise ValueError(f"initial seed {key[2]} of {key[0]}:{key[1]} does not rebuild the stored room")
+            optimal_cache[key] = env.shortest_first_actions()
+        optimal = {a.lower() for a in optimal_cache[key]}
+        acts = parse_reply(row[Col.TURN_RESPONSES][0], cfg).actions
+        acc = per.setdefault(int(row[Col.ITERATION]), [0, 0, 0, 0.0])
+        acc[0] += 1
+        acc[1] += bool(acts)
+        acc[2] += bool(acts) and acts[0].strip().lower() in optimal
+        acc[3] += len(optimal) / 4
+    return per
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path, help="run directory (runs/<name>)")
+    args = ap.parse_args()
+    if not args.run.is_dir():
+        print(f"error: no run directory {args.run}", file=sys.stderr)
+        return 2
+    cfg = PromptConfig(enable_think=False)
+    sources: list[tuple[str, list[dict]]] = [("training", read_run(args.run, columns=COLUMNS).to_pylist())]
+    vdir = args.run / VALIDATION_DIR
+    for sub in sorted(p.name for p in vdir.iterdir()) if vdir.is_dir() else []:
+        env = sub.replace("-", ":", 1)
+        sources.append((f"validation {env}", validation_store(args.run, env).read(columns=COLUMNS).to_pylist()))
+    print("| rollouts | iteration | n | with an action | first move starts a shortest solution | chance |")
+    print("|---|---|---|---|---|---|")
+    try:
+        for name, rows in sources:
+            for it, (n, acted, good, chance) in sorted(first_move_counts(rows, cfg).items()):
+                print(f"| {name} | {it} | {n:.0f} | {acted / n:.2f} | {good / n:.2f} | {chance / n:.2f} |")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

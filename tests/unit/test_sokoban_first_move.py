@@ -1,0 +1,56 @@
+"""scripts/sokoban_first_move.py on a written run: first moves scored against every shortest plan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.envs.registry import make_env
+from ragen_rllib.trajectory import TrajectoryStore, rows_to_table
+from ragen_rllib.trajectory.schema import Col
+from ragen_rllib.trajectory.store import validation_store
+
+from fakes import CharTokenizer, ScriptedEngine
+
+TOK = CharTokenizer()
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sokoban_first_move.py"
+SEEDS = list(range(123, 135))
+
+
+def _rows(run: Path, iteration: int) -> list[dict]:
+    spec = RolloutSpec("sokoban", group_size=1, max_turns=1)
+    engine = ScriptedEngine(TOK, lambda prompt, call, row: "go</think><answer>Up</answer>")
+    return RolloutLoop(engine, TOK, spec).run([(g, s) for g, s in enumerate(SEEDS)], run_id=run.name,
+                                              iteration=iteration, sampling_seed=1).rows
+
+
+def test_first_move_against_every_shortest_plan(tmp_path: Path) -> None:
+    run = tmp_path / "sok"
+    TrajectoryStore(tmp_path, run.name).write(0, rows_to_table(_rows(run, 0)))
+    validation_store(run, "sokoban").write(0, rows_to_table(_rows(run, 0)), overwrite=True)
+    env = make_env("sokoban")
+    optimal = []
+    for s in SEEDS:
+        env.reset(seed=s)
+        optimal.append(env.shortest_first_actions())
+    good = sum("Up" in o for o in optimal) / len(SEEDS)
+    chance = sum(len(o) for o in optimal) / 4 / len(SEEDS)
+    p = subprocess.run([sys.executable, str(SCRIPT), str(run)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    want = f"| 12 | 1.00 | {good:.2f} | {chance:.2f} |"
+    assert f"| training | 0 {want}" in p.stdout and f"| validation sokoban | 0 {want}" in p.stdout, p.stdout
+
+
+def test_a_room_that_does_not_rebuild_is_a_one_line_error(tmp_path: Path) -> None:
+    run = tmp_path / "sok"
+    rows = _rows(run, 0)
+    rows[3][Col.TURN_STATES] = ["a room from another env config"]
+    TrajectoryStore(tmp_path, run.name).write(0, rows_to_table(rows))
+    p = subprocess.run([sys.executable, str(SCRIPT), str(run)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip() == f"error: initial seed {SEEDS[3]} of sokoban:simple does not " \
+                                                     "rebuild the stored room", p.stderr
+    missing = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: no run directory {tmp_path / 'nope'}"
