@@ -128,7 +128,7 @@ reproduce-frozen-lake-guided-sft-rl: model
 	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RUN)
 	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RUN)
 
-# Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the issue's fallback: RL from the format
+# Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the paper's SFT comparison; RL from the format
 # warm-up did not fit a session here): 40 SFT steps on 8 distinct puzzles a step (BFS plans, <= 5
 # actions a turn, warm-up LR 5e-5), then 16 RL iterations at LR 1e-5 on 8 puzzles x 8 samples (the
 # filter keeps 2 groups = 16 rows, one optimizer step). Validation on 128 fixed states of `sokoban`,
