@@ -433,19 +433,31 @@ class SokobanEnv(TextEnv[SokobanConfig]):
         if not plan:
             return []
         out = []
-        for a, (dr, dc) in zip(ACTIONS, _DELTAS, strict=True):
-            r, c = self.player[0] + dr, self.player[1] + dc
-            if not (0 <= r < self.walls.shape[0] and 0 <= c < self.walls.shape[1]) or self.walls[r, c]:
+        for i, a in enumerate(ACTIONS):
+            move = self._move(i)
+            if move is None:
                 continue
+            cell, pushed_to = move
             boxes = self.boxes.copy()
-            if boxes[r, c]:
-                if not self._free(r + dr, c + dc):
-                    continue
-                boxes[r, c], boxes[r + dr, c + dc] = False, True
-            rest = solve_room(self.walls, boxes, self.targets, (r, c), max_states=max_states)
+            if pushed_to is not None:
+                boxes[cell], boxes[pushed_to] = False, True
+            rest = solve_room(self.walls, boxes, self.targets, cell, max_states=max_states)
             if rest is not None and len(rest) == len(plan) - 1:
                 out.append(a)
         return out
+
+    def _move(self, a: int) -> tuple[tuple[int, int], tuple[int, int] | None] | None:
+        """Where action index ``a`` (into ``ACTIONS``) leads from the current state, without moving:
+        ``(player's new cell, the pushed box's new cell or None)``; None when a wall or a box that
+        cannot move blocks it (the step is then valid but not effective)."""
+        dr, dc = _DELTAS[a]
+        r, c = self.player[0] + dr, self.player[1] + dc
+        h, w = self.walls.shape
+        if not (0 <= r < h and 0 <= c < w) or self.walls[r, c]:
+            return None
+        if not self.boxes[r, c]:
+            return (r, c), None
+        return ((r, c), (r + dr, c + dc)) if self._free(r + dr, c + dc) else None
 
     def _free(self, r: int, c: int) -> bool:
         """True if (r, c) is inside the grid, not a wall and not a box."""
@@ -456,23 +468,18 @@ class SokobanEnv(TextEnv[SokobanConfig]):
         a = _ACTION_INDEX.get(action_text.strip().lower())
         if a is None:
             return 0.0, False, {"action_is_valid": False, "action_is_effective": False, "success": self.solved}
-        dr, dc = _DELTAS[a]
-        r, c = self.player[0] + dr, self.player[1] + dc
-        h, w = self.walls.shape
-        reward, moved = STEP_REWARD, False
-        if 0 <= r < h and 0 <= c < w and not self.walls[r, c]:
-            if not self.boxes[r, c]:
-                moved = True
-            elif self._free(r + dr, c + dc):
+        move = self._move(a)
+        reward, moved = STEP_REWARD, move is not None
+        if move is not None:
+            cell, pushed_to = move
+            if pushed_to is not None:
                 # Push: one box moves, so at most one target is left and one is reached.
-                self.boxes[r, c], self.boxes[r + dr, c + dc] = False, True
-                if self.targets[r, c]:
+                self.boxes[cell], self.boxes[pushed_to] = False, True
+                if self.targets[cell]:
                     reward += BOX_OFF_TARGET_REWARD
-                if self.targets[r + dr, c + dc]:
+                if self.targets[pushed_to]:
                     reward += BOX_ON_TARGET_REWARD
-                moved = True
-        if moved:
-            self.player = (r, c)
+            self.player = cell
         success = self.solved
         if success:
             reward += SOLVED_REWARD
