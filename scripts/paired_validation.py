@@ -17,13 +17,7 @@ import sys
 from pathlib import Path
 
 from ragen_rllib.tracking.report import paired_comparison, validation_outcomes, wilson_interval
-from ragen_rllib.trajectory.store import VALIDATION_DIR
-
-
-def _val_envs(run: Path) -> list[str]:
-    """The envs a run stored validations of (directory names: ``:`` written as ``-``)."""
-    d = run / VALIDATION_DIR
-    return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+from ragen_rllib.trajectory.store import validation_envs
 
 
 def main() -> int:
@@ -35,7 +29,7 @@ def main() -> int:
         if not run.is_dir():
             print(f"error: no run directory {run}", file=sys.stderr)
             return 2
-    envs = _val_envs(args.runs[0])
+    envs = validation_envs(args.runs[0])
     if args.env is None and len(envs) != 1:
         print(f"error: {args.runs[0]} holds validations of {envs or 'no env'}; pass --env", file=sys.stderr)
         return 2

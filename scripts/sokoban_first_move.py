@@ -20,7 +20,7 @@ from pathlib import Path
 from ragen_rllib.envs.registry import make_env
 from ragen_rllib.prompting import PromptConfig, parse_reply
 from ragen_rllib.trajectory.schema import Col
-from ragen_rllib.trajectory.store import VALIDATION_DIR, read_run, validation_store
+from ragen_rllib.trajectory.store import read_run, validation_envs, validation_store
 
 COLUMNS = [Col.ITERATION, Col.ENV_NAME, Col.ENV_VARIANT, Col.INITIAL_SEED, Col.TURN_STATES, Col.TURN_RESPONSES]
 
@@ -63,9 +63,7 @@ def main() -> int:
         return 2
     cfg = PromptConfig(enable_think=False)
     sources: list[tuple[str, list[dict]]] = [("training", read_run(args.run, columns=COLUMNS).to_pylist())]
-    vdir = args.run / VALIDATION_DIR
-    for sub in sorted(p.name for p in vdir.iterdir()) if vdir.is_dir() else []:
-        env = sub.replace("-", ":", 1)
+    for env in validation_envs(args.run):
         sources.append((f"validation {env}", validation_store(args.run, env).read(columns=COLUMNS).to_pylist()))
     print("| rollouts | iteration | n | with an action | first move starts a shortest solution | chance |")
     print("|---|---|---|---|---|---|")

@@ -308,6 +308,13 @@ def validation_store(run_dir: str | Path, env: str) -> TrajectoryStore:
     return TrajectoryStore(run_dir.parent, run_dir.name, validation_subdir(env))
 
 
+def validation_envs(run_dir: str | Path) -> list[str]:
+    """The envs a run stored validations of, as ``env`` or ``env:variant`` (sorted; the inverse of
+    ``validation_subdir``: ``validation/frozen_lake-guided`` -> ``frozen_lake:guided``); [] if none."""
+    d = Path(run_dir) / VALIDATION_DIR
+    return sorted(p.name.replace("-", ":", 1) for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+
+
 def list_runs(root: str | Path) -> list[str]:
     """Return the run ids under ``root`` (directories holding a ``trajectories/``), sorted."""
     root = Path(root)

@@ -661,15 +661,18 @@ def test_trajectory_package_is_import_light() -> None:
 
 
 def test_validation_stores_sit_beside_the_training_files(store: TrajectoryStore) -> None:
-    from ragen_rllib.trajectory.store import validation_store, validation_subdir
+    from ragen_rllib.trajectory.store import validation_envs, validation_store, validation_subdir
 
     assert validation_subdir("frozen_lake:guided") == "validation/frozen_lake-guided"
+    assert validation_envs(store.run_dir) == []  # no validation stored yet
     val = validation_store(store.run_dir, "frozen_lake:guided")
     assert "subdir='validation/frozen_lake-guided'" in repr(val)
     path = val.write(8, make_table(8))
     assert path == store.run_dir / "validation" / "frozen_lake-guided" / "iter_000008.parquet"
     val.write(8, make_table(8, seed=3), overwrite=True)  # a redone validation replaces its file
     assert val.iterations() == [8] and val.read_iteration(8).equals(make_table(8, seed=3))
+    validation_store(store.run_dir, "sokoban").write(8, make_table(8))
+    assert validation_envs(store.run_dir) == ["frozen_lake:guided", "sokoban"]  # env specs, not directory names
     # training readers see only trajectories/: no iteration, and the run is not listed until it has one
     assert store.iterations() == [] and list_runs(store.root) == []
     store.write(0, make_table(0))
