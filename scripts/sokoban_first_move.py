@@ -62,18 +62,19 @@ def main() -> int:
         print(f"error: no run directory {args.run}", file=sys.stderr)
         return 2
     cfg = PromptConfig(enable_think=False)
-    sources: list[tuple[str, list[dict]]] = [("training", read_run(args.run, columns=COLUMNS).to_pylist())]
-    for env in validation_envs(args.run):
-        sources.append((f"validation {env}", validation_store(args.run, env).read(columns=COLUMNS).to_pylist()))
-    print("| rollouts | iteration | n | with an action | first move starts a shortest solution | chance |")
-    print("|---|---|---|---|---|---|")
-    try:
-        for name, rows in sources:
-            for it, (n, acted, good, chance) in sorted(first_move_counts(rows, cfg).items()):
-                print(f"| {name} | {it} | {n:.0f} | {acted / n:.2f} | {good / n:.2f} | {chance / n:.2f} |")
-    except ValueError as e:
+    try:  # a corrupt or foreign file, or a room that does not rebuild: one line, no traceback
+        sources: list[tuple[str, list[dict]]] = [("training", read_run(args.run, columns=COLUMNS).to_pylist())]
+        for env in validation_envs(args.run):
+            sources.append((f"validation {env}", validation_store(args.run, env).read(columns=COLUMNS).to_pylist()))
+        tables = [(name, sorted(first_move_counts(rows, cfg).items())) for name, rows in sources]
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    print("| rollouts | iteration | n | with an action | first move starts a shortest solution | chance |")
+    print("|---|---|---|---|---|---|")
+    for name, counts in tables:
+        for it, (n, acted, good, chance) in counts:
+            print(f"| {name} | {it} | {n:.0f} | {acted / n:.2f} | {good / n:.2f} | {chance / n:.2f} |")
     return 0
 
 

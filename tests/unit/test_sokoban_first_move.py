@@ -54,3 +54,12 @@ def test_a_room_that_does_not_rebuild_is_a_one_line_error(tmp_path: Path) -> Non
     missing = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: no run directory {tmp_path / 'nope'}"
+
+
+def test_a_corrupt_trajectory_file_is_a_one_line_error(tmp_path: Path) -> None:
+    run = tmp_path / "sok"
+    (run / "trajectories").mkdir(parents=True)
+    (run / "trajectories" / "iter_000000.parquet").write_bytes(b"junk")
+    p = subprocess.run([sys.executable, str(SCRIPT), str(run)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
