@@ -16,6 +16,7 @@ from ragen_rllib.env_runners.engine import Engine, SamplingParams
 from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec, RolloutStats
 from ragen_rllib.prompting import PromptConfig
 from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
+from ragen_rllib.seeds import sampling_seed, train_state_seeds
 
 ENGINES = ("vllm", "hf")
 
@@ -87,8 +88,9 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
     """Run ``job``: one engine, every env, ``job.iterations`` batches; one Parquet file per iteration.
 
     Group ids are unique in the run: iteration ``it``, env ``e``, group ``g`` get
-    ``(it * len(envs) + e) * groups + g``; initial seeds are ``seed + it * groups + g`` (the same
-    states for every env of an iteration).
+    ``(it * len(envs) + e) * groups + g``; initial seeds are training's
+    (``train_state_seeds(seed, it * groups, groups)``: a ``train`` run with the same seed starts from
+    the same states), the same for every env of an iteration.
 
     Returns:
         ``(run directory, one EnvRollout per env)``.
@@ -124,10 +126,10 @@ def run_job(job: RolloutJob, log=print) -> tuple[Path, list[EnvRollout]]:
             for it in range(job.iterations):
                 tables = []
                 for e, (env, loop) in enumerate(zip(job.envs, loops, strict=False)):
-                    groups = [((it * len(job.envs) + e) * job.groups + g, job.seed + it * job.groups + g)
-                              for g in range(job.groups)]
+                    groups = [((it * len(job.envs) + e) * job.groups + g, s)
+                              for g, s in enumerate(train_state_seeds(job.seed, it * job.groups, job.groups))]
                     res = loop.run(groups, run_id=store.run_id, iteration=it,
-                                   sampling_seed=job.seed * 7919 + it * 101 + e)
+                                   sampling_seed=sampling_seed(job.seed, "train", it * len(job.envs) + e))
                     tables.append(rows_to_table(res.rows))
                     for k in ("num_trajectories", "num_turns", "num_generate_calls", "sampled_tokens",
                               "prompt_tokens", "generate_s", "env_s", "total_s"):

@@ -28,6 +28,7 @@ import numpy as np
 
 from ragen_rllib.envs import TextEnv, make_env
 from ragen_rllib.prompting import PromptConfig, Turn, build_messages, execute_reply, fit_context
+from ragen_rllib.seeds import turn_seed
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.env_runners.chat_tokens import ChatTokens
 from ragen_rllib.env_runners.engine import Engine, Generation, SamplingParams
@@ -144,7 +145,7 @@ class RolloutLoop:
         Args:
             groups: ``[(group_id, initial_seed), ...]``: P groups.
             run_id / iteration: stamped on every row.
-            sampling_seed: base seed for the engine (turn t uses ``sampling_seed + 1000 * t``).
+            sampling_seed: base seed for the engine (turn t uses ``ragen_rllib.seeds.turn_seed``).
             demo_fn: demonstration mode (supervised warm-up): replies come from ``demo_fn(env)``
                 (text after the forced prefix), tokenised, + EOS, log-probs 0; the engine is not called.
 
@@ -171,7 +172,7 @@ class RolloutLoop:
             stats.env_s += time.perf_counter() - t0
             if not active:
                 break
-            params = replace(self.spec.sampling, seed=sampling_seed + 1000 * t)
+            params = replace(self.spec.sampling, seed=turn_seed(sampling_seed, t))
             t0 = time.perf_counter()
             gens = self.engine.generate(prompts, params) if demo_fn is None else self._demo(active, demo_fn)
             stats.generate_s += time.perf_counter() - t0

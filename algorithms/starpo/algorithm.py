@@ -35,6 +35,7 @@ from ragen_rllib.algorithms.starpo.update_batch import ADVANTAGES, Mode, UpdateB
 from ragen_rllib.env_runners.runner_pool import RunnerPool
 from ragen_rllib.core import collapse as C
 from ragen_rllib.core import starpo as S
+from ragen_rllib.seeds import sampling_seed, train_state_seeds, warmup_state_seeds
 from ragen_rllib.trajectory import (
     TrajectoryStore,
     rows_to_table,
@@ -111,7 +112,7 @@ class StarPO(Algorithm):
     def setup(self, config: StarPOConfig) -> None:
         super().setup(config)
         self.policy_version = 0
-        self.seed_counter = 0  # train initial states: seed + counter (never repeated)
+        self.seed_counter = 0  # training states drawn so far (ragen_rllib.seeds.train_state_seeds)
         self.set_aside: list[Any] = []  # Arrow files of iterations after a restored checkpoint (kept aside)
         run = config.run_name or time.strftime("starpo-%Y%m%d-%H%M%S")
         self.store = TrajectoryStore(config.run_dir, run)
@@ -158,10 +159,11 @@ class StarPO(Algorithm):
     # --------------------------------------------------------------- stages
     def _sample_train_groups(self, iteration: int) -> tuple[Any, dict[str, float]]:
         p = self.config.starpo
-        groups = [(iteration * p.env_groups + g, p.seed + self.seed_counter + g) for g in range(p.env_groups)]
+        seeds = train_state_seeds(p.seed, self.seed_counter, p.env_groups)
+        groups = [(iteration * p.env_groups + g, s) for g, s in enumerate(seeds)]
         self.seed_counter += p.env_groups
         rows, stats = self._sample(groups, p.group_size, p.env, p.temperature, iteration,
-                                   sampling_seed=p.seed + iteration)
+                                   sampling_seed=sampling_seed(p.seed, "train", iteration))
         return rows_to_table(rows), stats
 
     def _sample(self, groups: list[tuple[int, int]], group_size: int, env: str, temperature: float, iteration: int,
@@ -330,9 +332,10 @@ class StarPO(Algorithm):
         lrs = _first(self.learner_group.foreach_learner(lambda lrn: lrn.apply_lr_schedule(factor)))
         for s in range(steps):
             t0 = time.perf_counter()
-            grp = [(-(s * groups + g + 1), p.seed + 10**7 + s * groups + g) for g in range(groups)]
-            rows, _ = self._sample(grp, group_size, p.env, p.temperature, iteration=0, sampling_seed=p.seed + s,
-                                   demo=kind)
+            seeds = warmup_state_seeds(p.seed, s * groups, groups)
+            grp = [(-(s * groups + g + 1), seed) for g, seed in enumerate(seeds)]
+            rows, _ = self._sample(grp, group_size, p.env, p.temperature, iteration=0,
+                                   sampling_seed=sampling_seed(p.seed, "warmup", s), demo=kind)
             ub = update_batch(to_padded_tensors(rows_to_table(rows)), Mode.SFT)
             # minibatch_size=None: one step over each learner's whole shard (n would cycle a shard to n rows)
             res = self.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(ub.columns())},

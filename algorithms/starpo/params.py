@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ragen_rllib.errors import ConfigError
+from ragen_rllib.seeds import VAL_SEED_LIMIT
 
 ADV_ESTIMATORS = ("gae", "grpo")
 FILTER_TYPES = ("std", "std_rev", "all", "top_p_softmax", "top_p_linear")
@@ -85,7 +86,7 @@ class StarPOParams:
     max_actions_per_turn: int = 5
     format_penalty: float = -0.1
     max_context_tokens: int = 3600
-    seed: int = 10000  # train initial-state seeds: seed + counter (RAGEN seed.train)
+    seed: int = 10000  # every training / warm-up stream derives from it (ragen_rllib.seeds)
     # --- validation
     val_envs: tuple[str, ...] = ()  # () = the train env; e.g. ("bandit", "bandit:test")
     val_groups: int = 64  # fixed initial states
@@ -236,6 +237,8 @@ class StarPOParams:
         for name in ("seed", "val_seed"):  # numpy seeds are >= 0
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
+        if self.val_seed + self.val_groups > VAL_SEED_LIMIT:  # training / warm-up states lie above it
+            raise bad("val_seed", f"val_seed + val_groups must be <= {VAL_SEED_LIMIT} (2**31)")
         for name in ("weight_decay", "rollout_filter_selection_eps"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")

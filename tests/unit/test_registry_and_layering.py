@@ -100,12 +100,13 @@ def test_algorithms_and_env_runners_install_under_ragen_rllib(tmp_path) -> None:
 
 
 def test_math_trajectory_and_tracking_are_import_light() -> None:
-    """The StarPO math (torch allowed), the trajectory store and the tracking package import no
-    ray, vllm, deepspeed, transformers or mlflow."""
+    """The StarPO math (torch allowed), the seed streams, the trajectory store and the tracking package
+    import no ray, vllm, deepspeed, transformers or mlflow."""
     code = ("import sys, ragen_rllib.core.starpo, ragen_rllib.core.masked, ragen_rllib.core.collapse, "
             "ragen_rllib.algorithms.starpo.cross_scoring, ragen_rllib.trajectory, "
             "ragen_rllib.tracking, ragen_rllib.tracking.echo_trap, ragen_rllib.algorithms.starpo.params, "
-            "ragen_rllib.env_runners.rollout_loop, ragen_rllib.hardware; print(' '.join(sorted(sys.modules)))")
+            "ragen_rllib.env_runners.rollout_loop, ragen_rllib.hardware, ragen_rllib.seeds; "
+            "print(' '.join(sorted(sys.modules)))")
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     leaked = sorted(m for m in mods if m.split(".")[0] in ("ray", "vllm", "deepspeed", "transformers", "mlflow"))
     assert not leaked, f"heavy modules imported: {leaked[:10]}"
