@@ -30,7 +30,7 @@ from ragen_rllib.env_runners.engine import SamplingParams
 from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
 from ragen_rllib.prompting import PromptConfig
 from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
-from ragen_rllib.seeds import train_state_seeds
+from ragen_rllib.seeds import train_state_seeds, val_state_seeds
 
 POLICY_VERSION_KEY = "policy_version"
 WEIGHTS_KEY = "policy_weights"
@@ -82,7 +82,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         cache is host memory."""
         p = self.params
         calls = [(p.env, train_state_seeds(p.seed, 0, p.env_groups), p.group_size)]
-        calls += [(env, [p.val_seed + g for g in range(p.val_groups)], p.val_group_size)
+        calls += [(env, val_state_seeds(p.val_seed, p.val_groups), p.val_group_size)
                   for env in (p.val_envs or (p.env,))]
         need = 0
         for env, seeds, n in calls:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["VAL_SEED_LIMIT", "sampling_seed", "train_state_seeds", "turn_seed", "warmup_state_seeds"]
+__all__ = ["VAL_SEED_LIMIT", "sampling_seed", "train_state_seeds", "turn_seed", "val_state_seeds",
+           "warmup_state_seeds"]
 
 VAL_SEED_LIMIT = 2**31  # validation states are val_seed + g < VAL_SEED_LIMIT
 
@@ -39,6 +40,11 @@ def _draw(seed: int, stream: int, counter: int, low: int, width: int) -> int:
         raise ValueError(f"seeds and counters must be >= 0, got seed={seed} counter={counter}")
     word = np.random.SeedSequence([int(seed), stream, int(counter)]).generate_state(1, np.uint64)[0]
     return low + int(word) % width
+
+
+def val_state_seeds(val_seed: int, n: int) -> list[int]:
+    """The ``n`` fixed validation states, ``val_seed .. val_seed + n - 1``: the same in every run."""
+    return [val_seed + g for g in range(n)]
 
 
 def train_state_seeds(seed: int, start: int, n: int) -> list[int]:

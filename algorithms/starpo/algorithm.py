@@ -35,7 +35,7 @@ from ragen_rllib.algorithms.starpo.update_batch import ADVANTAGES, Mode, UpdateB
 from ragen_rllib.env_runners.runner_pool import RunnerPool
 from ragen_rllib.core import collapse as C
 from ragen_rllib.core import starpo as S
-from ragen_rllib.seeds import sampling_seed, train_state_seeds, warmup_state_seeds
+from ragen_rllib.seeds import sampling_seed, train_state_seeds, val_state_seeds, warmup_state_seeds
 from ragen_rllib.trajectory import (
     TrajectoryStore,
     rows_to_table,
@@ -362,7 +362,7 @@ class StarPO(Algorithm):
         p = self.config.starpo
         out: dict[str, float] = {}
         for env in (p.val_envs or (p.env,)):
-            groups = [(10**9 + g, p.val_seed + g) for g in range(p.val_groups)]
+            groups = [(10**9 + g, s) for g, s in enumerate(val_state_seeds(p.val_seed, p.val_groups))]
             rows, _ = self._sample(groups, p.val_group_size, env, p.val_temperature, self.iteration,
                                    sampling_seed=p.val_seed)
             validation_store(self.store.run_dir, env).write(self.iteration, rows_to_table(rows), overwrite=True)
