@@ -62,6 +62,17 @@ class LearnerBackend(Protocol):
         """The whole module state gathered on every rank (ZeRO-3 only; else None)."""
 
 
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """True iff no element of any tensor is nan or +-inf; one L2 norm per tensor (float32
+    accumulation), not a full-size isfinite mask. A finite tensor whose norm overflows float32
+    (elements beyond ~1e19) counts as non-finite: the caller's careful path then decides."""
+    tensors = [t for t in tensors if t is not None and t.numel()]
+    if not tensors:
+        return True
+    norms = torch._foreach_norm([t.detach() for t in tensors])
+    return bool(torch.isfinite(torch.stack([n.float().cpu() for n in norms])).all())
+
+
 class TorchBackend:
     """RLlib's ``TorchLearner`` update path: torch AdamW per optimizer (registered with RLlib),
     gradients averaged over learners by one flat all-reduce, RLlib's per-optimizer clipping."""
@@ -104,7 +115,20 @@ class TorchBackend:
     def step(self, gradients: dict[Any, torch.Tensor]) -> dict[str, float]:
         from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-        TorchLearner.apply_gradients(self.learner, gradients)
+        learner = self.learner
+        plain = learner._lr_scheduler_classes is None and learner._grad_scalers is None
+        if plain and all_finite(list(gradients.values())):
+            # RLlib's apply_gradients checks every gradient with isfinite twice (4 full-size
+            # temporaries per tensor each time): 0.6 s of a 3 s FrozenLake update here. One norm
+            # per tensor proves the same (any nan/inf element makes its norm nan/inf), and on
+            # finite gradients RLlib does exactly this: set .grad, step every optimizer.
+            for pid, grad in gradients.items():
+                learner._params[pid].grad = grad
+            for module_id, names in learner._module_optimizers.items():
+                for name in names:
+                    learner.get_optimizer(module_id, name).step()
+        else:  # non-finite (or RLlib schedulers / grad scalers): RLlib's path and its nan/inf policy
+            TorchLearner.apply_gradients(learner, gradients)
         # Free the gradients now, not at the next update's zero_grad: otherwise they (the policy's
         # size again) stay resident through the sync, sampling and validation that follow.
         gradients.clear()

@@ -7,17 +7,26 @@ depend on what follows, so they can be computed once per prefix and the rows con
 key/value cache (``HFCausalLMModule.score``). Later turns of one trajectory already share all
 earlier turns: a trajectory is one token sequence, forwarded once.
 
-``plan_shared_prefixes`` decides which rows share which prefix; the model code only executes it.
+``plan_shared_prefixes`` decides which rows share which prefix; ``length_buckets`` splits the rows
+continued from one prefix (or the rows sharing none) into batches of similar length, so that a
+1-turn and a 3-turn FrozenLake episode of one group are not padded to the same length. The model
+code only executes the plan.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["PrefixGroup", "plan_shared_prefixes"]
+__all__ = ["DEFAULT_CALL_COST", "PrefixGroup", "length_buckets", "plan_shared_prefixes"]
+
+#: What one more forward/backward call costs, in padded tokens (per-layer launch overhead, the
+#: prefix KV copied for the batch). Measured on a 2-core CPU with SmolLM2-135M: see
+#: ``benchmarks/learner.py --env frozen_lake``; the plan is exact whatever the value.
+DEFAULT_CALL_COST = 64
 
 
 class PrefixGroup(NamedTuple):
@@ -77,3 +86,37 @@ def plan_shared_prefixes(token_ids: Tensor, attention_mask: Tensor, loss_mask: T
         groups.append(PrefixGroup(rows=sorted(rows), prefix_len=prefix_len))
     groups.sort(key=lambda g: g.rows[0])
     return groups, sorted(alone)
+
+
+def length_buckets(lengths: Sequence[int], call_cost: int = DEFAULT_CALL_COST) -> list[list[int]]:
+    """Split rows into forward batches minimising padded tokens plus ``call_cost`` per batch.
+
+    A batch of rows is padded to its longest row, so it costs ``len(batch) * max(length) +
+    call_cost``. Sorted by length, an optimal split is a set of contiguous runs (a shorter row
+    never belongs with longer rows than a longer row does), found by dynamic programming in
+    O(n^2). Outputs of the forward are the same whatever the split (rows are independent given
+    their prefix); only the padding computed differs.
+
+    Args:
+        lengths: tokens each row runs (>= 0), in row order.
+        call_cost: cost of one more batch, in tokens (>= 0). 0 gives one batch per distinct
+            length; a huge value one batch for all.
+
+    Returns:
+        Batches of indices into ``lengths``, each ascending, longest batch first; every index in
+        exactly one batch. Empty input gives ``[]``.
+    """
+    if call_cost < 0:
+        raise ValueError(f"length_buckets: call_cost must be >= 0, got {call_cost}")
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    n = len(order)
+    best = [0] + [0] * n  # best[j]: cheapest split of order[:j]
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        best[j], start[j] = min((best[i] + (j - i) * int(lengths[order[i]]) + call_cost, i) for i in range(j))
+    batches: list[list[int]] = []
+    j = n
+    while j > 0:
+        batches.append(sorted(order[start[j]:j]))
+        j = start[j]
+    return batches[::-1]

@@ -30,6 +30,7 @@ policy weights (``lm.*``, HF names) through the weight sync.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from typing import Any
 
@@ -40,7 +41,7 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ragen_rllib.core.prefix import PrefixGroup, plan_shared_prefixes
+from ragen_rllib.core.prefix import DEFAULT_CALL_COST, PrefixGroup, length_buckets, plan_shared_prefixes
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
 
@@ -76,6 +77,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
         self.share_prefix = bool(cfg.get("share_prefix", True))
+        # Padded tokens one more forward batch is worth (``length_buckets``); exact for any value.
+        self.bucket_call_cost = int(cfg.get("bucket_call_cost", DEFAULT_CALL_COST))
         self.temperature = float(cfg.get("temperature", 1.0))
         if not self.temperature > 0:
             raise ValueError(f"model_config['temperature'] must be > 0, got {self.temperature!r}")
@@ -132,27 +135,36 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                 plan: tuple[list[PrefixGroup], list[int]] | None) -> torch.Tensor:
         """Last hidden states (B, T, H) of ``model``'s trunk; with a ``plan``, each shared prefix is
         forwarded once and its rows continue from its key/value cache (exact: a causal prefix's
-        states do not depend on what follows). Positions past a row's length are zeros."""
+        states do not depend on what follows). Positions past a row's length are zeros.
+
+        The rows continued from one prefix, and the rows sharing none, run in batches of similar
+        length (``length_buckets``), so a short episode is not padded to its group's longest. The
+        token embeddings are looked up once for the whole batch: one (vocab, hidden) embedding
+        gradient per backward, not one per forward call."""
         if plan is None or not plan[0]:
             return self._trunk(model, ids, attn)
         groups, alone = plan
         base = _base_model(model)
+        emb = base.get_input_embeddings()(ids)  # (B, T, H)
+        lengths = attn.sum(1).tolist()
         parts: list[tuple[list[int], int, torch.Tensor]] = []
         for g in groups:
-            rows = torch.as_tensor(g.rows, device=ids.device)
-            t_len, n = int(attn[rows].sum(1).max()), len(g.rows)
-            pre = base(input_ids=ids[rows[:1], :g.prefix_len], attention_mask=attn[rows[:1], :g.prefix_len],
+            pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len], attention_mask=attn[g.rows[:1], :g.prefix_len],
                        use_cache=True)
-            cache = pre.past_key_values
-            cache.batch_repeat_interleave(n)  # (1, ...) -> (n, ...) per layer; differentiable
-            suffix = base(input_ids=ids[rows, g.prefix_len:t_len], attention_mask=attn[rows, :t_len],
-                          past_key_values=cache, use_cache=True).last_hidden_state
-            parts.append((g.rows, t_len, torch.cat([pre.last_hidden_state.expand(n, -1, -1), suffix], 1)))
-        if alone:
-            rows = torch.as_tensor(alone, device=ids.device)
-            t_len = max(1, int(attn[rows].sum(1).max()))
-            parts.append((alone, t_len, base(input_ids=ids[rows, :t_len], attention_mask=attn[rows, :t_len]
-                                             ).last_hidden_state))
+            for bucket in length_buckets([int(lengths[r]) - g.prefix_len for r in g.rows], self.bucket_call_cost):
+                rows = [g.rows[i] for i in bucket]
+                idx = torch.as_tensor(rows, device=ids.device)
+                t_len, n = max(int(lengths[r]) for r in rows), len(rows)
+                suffix = base(inputs_embeds=emb[idx, g.prefix_len:t_len], attention_mask=attn[idx, :t_len],
+                              past_key_values=_repeated_cache(pre.past_key_values, n), use_cache=True
+                              ).last_hidden_state
+                parts.append((rows, t_len, torch.cat([pre.last_hidden_state.expand(n, -1, -1), suffix], 1)))
+        for bucket in length_buckets([int(lengths[r]) for r in alone], self.bucket_call_cost) if alone else []:
+            rows = [alone[i] for i in bucket]
+            idx = torch.as_tensor(rows, device=ids.device)
+            t_len = max(1, max(int(lengths[r]) for r in rows))
+            parts.append((rows, t_len, base(inputs_embeds=emb[idx, :t_len], attention_mask=attn[idx, :t_len]
+                                            ).last_hidden_state))
         h0 = parts[0][2]
         out = torch.zeros((*ids.shape, h0.shape[-1]), dtype=h0.dtype, device=h0.device)
         for rows, t_len, h in parts:
@@ -263,6 +275,17 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         if self.lora_rank > 0:
             return merged_lora_state_dict(self.lm, dtype=torch.float32)  # the dtype the model is loaded in
         return {k: v for k, v in self.lm.state_dict().items()}
+
+
+def _repeated_cache(cache: Any, n: int) -> Any:
+    """A copy of an HF ``Cache`` (batch 1) whose layers hold the keys/values repeated ``n`` times
+    (differentiable). The source cache is left as it was, so several batches can continue from it:
+    ``batch_repeat_interleave`` and the next forward's ``update`` both rebind a layer's tensors,
+    never write into them."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    out.batch_repeat_interleave(n)
+    return out
 
 
 def _base_model(model: nn.Module) -> nn.Module:
