@@ -351,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' trajectory files (printed folder)")
     args = ap.parse_args(argv)
+    from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
+
+    if argv is None:  # run as a script: re-exec under the allocator `ragen-rllib train` runs under (jemalloc)
+        reexec_script_with_jemalloc()
     if args.iterations < 1:
         raise SystemExit("--iterations must be >= 1")
     sections = _sections(args.only)

@@ -114,6 +114,9 @@ def main() -> None:
     ap.add_argument("--with-engine", action="store_true",
                     help="start the experiment's rollout engine in this process first (the in-process placement)")
     args = ap.parse_args()
+    from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
+
+    reexec_script_with_jemalloc()  # the allocator `ragen-rllib train` runs under (jemalloc)
     t_all = time.perf_counter()
 
     import ray
