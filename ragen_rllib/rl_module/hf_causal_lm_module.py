@@ -146,23 +146,23 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         groups, alone = plan
         base = _base_model(model)
         emb = base.get_input_embeddings()(ids)  # (B, T, H)
-        lengths = attn.sum(1).tolist()
+        lengths: list[int] = attn.sum(1).tolist()  # (B,) real tokens per row
         parts: list[tuple[list[int], int, torch.Tensor]] = []
         for g in groups:
             pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len], attention_mask=attn[g.rows[:1], :g.prefix_len],
                        use_cache=True)
-            for bucket in length_buckets([int(lengths[r]) - g.prefix_len for r in g.rows], self.bucket_call_cost):
+            for bucket in length_buckets([lengths[r] - g.prefix_len for r in g.rows], self.bucket_call_cost):
                 rows = [g.rows[i] for i in bucket]
                 idx = torch.as_tensor(rows, device=ids.device)
-                t_len, n = max(int(lengths[r]) for r in rows), len(rows)
+                t_len, n = max(lengths[r] for r in rows), len(rows)
                 suffix = base(inputs_embeds=emb[idx, g.prefix_len:t_len], attention_mask=attn[idx, :t_len],
                               past_key_values=_repeated_cache(pre.past_key_values, n), use_cache=True
                               ).last_hidden_state
                 parts.append((rows, t_len, torch.cat([pre.last_hidden_state.expand(n, -1, -1), suffix], 1)))
-        for bucket in length_buckets([int(lengths[r]) for r in alone], self.bucket_call_cost) if alone else []:
+        for bucket in length_buckets([lengths[r] for r in alone], self.bucket_call_cost):  # [] when none
             rows = [alone[i] for i in bucket]
             idx = torch.as_tensor(rows, device=ids.device)
-            t_len = max(1, max(int(lengths[r]) for r in rows))
+            t_len = max(1, *(lengths[r] for r in rows))
             parts.append((rows, t_len, base(inputs_embeds=emb[idx, :t_len], attention_mask=attn[idx, :t_len]
                                             ).last_hidden_state))
         h0 = parts[0][2]
