@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -91,6 +91,37 @@ reproduce-frozen-lake-guided: model
 		--set starpo.test_freq=20 --set checkpoint_freq=22 --set starpo.response_length=24 \
 		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8
 	@$(PY) scripts/guided_hint_following.py runs/repro-frozen-lake-guided
+
+# FrozenLake `guided`, StarPO-S from the format warm-up at actor LR 5e-5 (5x the profile's; the 20-step
+# warm-up runs at it too), 8 states x 4 samples (keeps 2 groups = 8 rows, one optimizer step), 24-token
+# replies, 80 iterations; validation on 128 fixed states before, every 20 iterations and at the end,
+# then how the policy used the goal line and each validation against the first, state by state
+# (~20 min on a 2-core avx512_bf16 CPU; docs/results.md). Another seed:
+# make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
+GUIDED_RL_SEED ?= 10000
+GUIDED_RL_RUN ?= repro-frozen-lake-guided-rl
+reproduce-frozen-lake-guided-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(GUIDED_RL_RUN) --set starpo.seed=$(GUIDED_RL_SEED) --set starpo.env=frozen_lake:guided \
+		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=80 \
+		--set starpo.test_freq=20 --set checkpoint_freq=80 --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
+	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RL_RUN)
+	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RL_RUN)
+
+# FrozenLake (not slippery, RAGEN's text: no goal line) at the setting of reproduce-frozen-lake-guided-rl:
+# StarPO-S from the format warm-up at actor LR 5e-5, 8 states x 4 samples, 24-token replies, 80
+# iterations, validation on 128 fixed states every 20 iterations, compared state by state with the
+# first (~20 min; docs/results.md). Another seed: make reproduce-frozen-lake-rl FL_RL_SEED=10001 FL_RL_RUN=<name>
+FL_RL_SEED ?= 10000
+FL_RL_RUN ?= repro-frozen-lake-rl
+reproduce-frozen-lake-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(FL_RL_RUN) --set starpo.seed=$(FL_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=80 \
+		--set starpo.test_freq=20 --set checkpoint_freq=80 --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
+	@$(PY) scripts/paired_validation.py runs/$(FL_RL_RUN)
 
 # Expert SFT alone on FrozenLake `guided`: the 20-step warm-up as in reproduce-expert-sft-rl (4 lakes x 4
 # copies a step, LR 1e-5), then 40 steps of 8 distinct lakes at LR 5e-5. The validation on 128 fixed
