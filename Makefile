@@ -98,10 +98,13 @@ reproduce-frozen-lake-guided: model
 # then how the policy used the goal line and each validation against the first, state by state
 # (~20 min on a 2-core avx512_bf16 CPU; docs/results.md). Another seed:
 # make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
+# Vanilla StarPO at the same setting (keeps all 8 groups = 4 optimizer steps, KL 0.001 in the loss, clip 0.2):
+# make reproduce-frozen-lake-guided-rl GUIDED_RL_CONFIG=experiments/frozen_lake_starpo.yaml GUIDED_RL_SEED=10001 GUIDED_RL_RUN=<name>
+GUIDED_RL_CONFIG ?= experiments/frozen_lake_starpo_s.yaml
 GUIDED_RL_SEED ?= 10000
 GUIDED_RL_RUN ?= repro-frozen-lake-guided-rl
 reproduce-frozen-lake-guided-rl: model
-	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+	@$(PY) -m ragen_rllib.cli train --config $(GUIDED_RL_CONFIG) --profile cpu \
 		--run-name $(GUIDED_RL_RUN) --set starpo.seed=$(GUIDED_RL_SEED) --set starpo.env=frozen_lake:guided \
 		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=80 \
 		--set starpo.test_freq=20 --set checkpoint_freq=80 --set starpo.response_length=24 \

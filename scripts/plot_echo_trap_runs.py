@@ -1,9 +1,10 @@
 """The Echo-Trap signals of one or more training runs on one time axis, from their ``metrics.jsonl``.
 
 Panels (x = RL iteration): training and validation success; in-group reward std
-(``filter/std_all_mean``); policy entropy; the fraction of groups whose samples were identical; the
-MI diagnostic's retrieval accuracy above chance (computed every ``mi_every`` iterations). A dotted
-vertical line marks the first iteration each Echo-Trap signal fired, per run (the run's colour).
+(``filter/std_all_mean``); policy entropy; the actor's gradient norm before clipping
+(``actor/grad_norm``); the fraction of groups whose samples were identical; the MI diagnostic's
+retrieval accuracy above chance (computed every ``mi_every`` iterations). A dotted vertical line
+marks the first iteration each Echo-Trap signal fired, per run (the run's colour).
 Prints that table too.
 
     .venv/bin/python scripts/plot_echo_trap_runs.py runs/<run> [runs/<run> ...] --out docs/<name>.png
@@ -18,7 +19,8 @@ from pathlib import Path
 from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
 
 PANELS = (("rollout/success", "success (train: line, val: dots)"), ("filter/std_all_mean", "in-group reward std"),
-          ("actor/entropy", "entropy (nats/token)"), ("rollout/identical_response_frac", "identical-sample groups"),
+          ("actor/entropy", "entropy (nats/token)"), ("actor/grad_norm", "grad norm (before clipping)"),
+          ("rollout/identical_response_frac", "identical-sample groups"),
           ("echo/mi_retrieval_above_chance", "MI retrieval above chance"))
 
 
