@@ -3,11 +3,13 @@
 Each validation is stored as ``<run>/validation/<env>/iter_<it>.parquet`` (it = RL iterations done
 before it; 0 = after the warm-up, before RL). Validations of one env sample the same fixed initial
 states, so two of them pair rollout by rollout (same initial seed, same sample index). Per
-validation this prints its success with the 95% Wilson interval and, against the first one listed
-(the first run's earliest): pairs, gains (fail -> success), losses (success -> fail), the mean
-per-state difference with its 95% interval, and the two-sided exact McNemar p. Markdown table.
+validation this prints its success with the 95% Wilson interval and, against a base validation
+(the first run's earliest, or ``--base RUN@IT``): pairs, gains (fail -> success), losses
+(success -> fail), the mean per-state difference with its 95% interval, and the two-sided exact
+McNemar p. Markdown table.
 
     .venv/bin/python scripts/paired_validation.py runs/<run> [runs/<other> ...] [--env frozen_lake:guided]
+    .venv/bin/python scripts/paired_validation.py runs/<a> runs/<b> --base <b>@80   # a against b, same states
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>)")
     ap.add_argument("--env", help="validation env (default: the one env the first run validated on)")
+    ap.add_argument("--base", help="the validation to compare against, as <run name>@<iteration> "
+                                   "(default: the first run's earliest)")
     args = ap.parse_args()
     for run in args.runs:
         if not run.is_dir():
@@ -43,6 +47,12 @@ def main() -> int:
         print(f"error: no stored validation on {env} in {', '.join(map(str, args.runs))}", file=sys.stderr)
         return 2
     base_name, base = vals[0]
+    if args.base is not None:
+        named = dict(vals)
+        if args.base not in named:
+            print(f"error: --base {args.base} is not among the validations: {', '.join(named)}", file=sys.stderr)
+            return 2
+        base_name, base = args.base, named[args.base]
     print(f"validation on {env}; differences against {base_name}\n")
     print("| validation | n | success [95% Wilson] | pairs | gains | losses | diff [95%] | McNemar p |")
     print("|---|---|---|---|---|---|---|---|")

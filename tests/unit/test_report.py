@@ -235,6 +235,16 @@ def test_validation_outcomes_and_paired_script(tmp_path: Path) -> None:
     # 6 gains, 0 losses: McNemar p = 2 / 2^6 = 0.03125
     assert any(ln.startswith("| paired@8 | 8 | 1.000 [") and "| 8 | 6 | 0 | +0.750 [" in ln
                and ln.endswith("| 0.0312 |") for ln in lines), p.stdout
+    # --base: the same pairs read the other way round (6 losses against the later validation)
+    rev = subprocess.run([sys.executable, str(script), str(run), "--base", "paired@8"], capture_output=True,
+                         text=True, timeout=120)
+    assert rev.returncode == 0 and "differences against paired@8" in rev.stdout, rev.stderr
+    assert any(ln.startswith("| paired@0 |") and "| 8 | 0 | 6 | -0.750 [" in ln and ln.endswith("| 0.0312 |")
+               for ln in rev.stdout.splitlines()), rev.stdout
+    unknown = subprocess.run([sys.executable, str(script), str(run), "--base", "paired@3"], capture_output=True,
+                             text=True, timeout=120)
+    assert unknown.returncode == 2 and unknown.stderr.strip() == (
+        "error: --base paired@3 is not among the validations: paired@0, paired@8"), unknown.stderr
     bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip() == f"error: no run directory {tmp_path / 'nope'}"
