@@ -103,12 +103,12 @@ reproduce-frozen-lake-guided: model
 GUIDED_RL_CONFIG ?= experiments/frozen_lake_starpo_s.yaml
 GUIDED_RL_SEED ?= 10000
 GUIDED_RL_RUN ?= repro-frozen-lake-guided-rl
+FL_RL_SETTING = --set starpo.val_groups=128 --set iterations=80 --set starpo.test_freq=20 --set checkpoint_freq=80 \
+	--set starpo.response_length=24 --set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
 reproduce-frozen-lake-guided-rl: model
 	@$(PY) -m ragen_rllib.cli train --config $(GUIDED_RL_CONFIG) --profile cpu \
 		--run-name $(GUIDED_RL_RUN) --set starpo.seed=$(GUIDED_RL_SEED) --set starpo.env=frozen_lake:guided \
-		--set "starpo.val_envs=['frozen_lake:guided']" --set starpo.val_groups=128 --set iterations=80 \
-		--set starpo.test_freq=20 --set checkpoint_freq=80 --set starpo.response_length=24 \
-		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
+		--set "starpo.val_envs=['frozen_lake:guided']" $(FL_RL_SETTING)
 	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RL_RUN)
 	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RL_RUN)
 
@@ -121,9 +121,7 @@ FL_RL_RUN ?= repro-frozen-lake-rl
 reproduce-frozen-lake-rl: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name $(FL_RL_RUN) --set starpo.seed=$(FL_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
-		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=80 \
-		--set starpo.test_freq=20 --set checkpoint_freq=80 --set starpo.response_length=24 \
-		--set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" $(FL_RL_SETTING)
 	@$(PY) scripts/paired_validation.py runs/$(FL_RL_RUN)
 
 # Expert SFT alone on FrozenLake `guided`: the 20-step warm-up as in reproduce-expert-sft-rl (4 lakes x 4
