@@ -96,7 +96,7 @@ reproduce-frozen-lake-guided: model
 # warm-up runs at it too), 8 states x 4 samples (keeps 2 groups = 8 rows, one optimizer step), 24-token
 # replies, 80 iterations; validation on 128 fixed states before, every 20 iterations and at the end,
 # then how the policy used the goal line and each validation against the first, state by state
-# (~20 min on a 2-core avx512_bf16 CPU; docs/results.md). Another seed:
+# (15-17 min on a 2-core amx_bf16 CPU, vanilla below 34 min; docs/results.md). Another seed:
 # make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
 # Vanilla StarPO at the same setting (keeps all 8 groups = 4 optimizer steps, KL 0.001 in the loss, clip 0.2):
 # make reproduce-frozen-lake-guided-rl GUIDED_RL_CONFIG=experiments/frozen_lake_starpo.yaml GUIDED_RL_SEED=10001 GUIDED_RL_RUN=<name>
@@ -115,7 +115,7 @@ reproduce-frozen-lake-guided-rl: model
 # FrozenLake (not slippery, RAGEN's text: no goal line) at the setting of reproduce-frozen-lake-guided-rl:
 # StarPO-S from the format warm-up at actor LR 5e-5, 8 states x 4 samples, 24-token replies, 80
 # iterations, validation on 128 fixed states every 20 iterations, compared state by state with the
-# first (~20 min; docs/results.md). Another seed: make reproduce-frozen-lake-rl FL_RL_SEED=10001 FL_RL_RUN=<name>
+# first (~20 min on the same CPU; docs/results.md). Another seed: make reproduce-frozen-lake-rl FL_RL_SEED=10001 FL_RL_RUN=<name>
 FL_RL_SEED ?= 10000
 FL_RL_RUN ?= repro-frozen-lake-rl
 reproduce-frozen-lake-rl: model
