@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -123,6 +123,20 @@ reproduce-frozen-lake-rl: model
 		--run-name $(FL_RL_RUN) --set starpo.seed=$(FL_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" $(FL_RL_SETTING)
 	@$(PY) scripts/paired_validation.py runs/$(FL_RL_RUN)
+
+# Curriculum: the plain lake above, starting from a `guided` StarPO-S policy instead of the format
+# warm-up (no warm-up; 60 iterations; ~11 min). Needs that policy first:
+#   make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
+CURRICULUM_FROM ?= runs/repro-frozen-lake-guided-rl-s10001/hf_model
+CURRICULUM_SEED ?= 10000
+CURRICULUM_RUN ?= repro-frozen-lake-curriculum
+reproduce-frozen-lake-curriculum: model
+	@test -d $(CURRICULUM_FROM) || { echo "error: no policy at CURRICULUM_FROM=$(CURRICULUM_FROM); make it with: make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001" >&2; exit 2; }
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(CURRICULUM_RUN) --set starpo.seed=$(CURRICULUM_SEED) --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" $(FL_RL_SETTING) \
+		--set iterations=60 --set checkpoint_freq=60 --set warmup.steps=0 --set starpo.model=$(CURRICULUM_FROM)
+	@$(PY) scripts/paired_validation.py runs/$(CURRICULUM_RUN)
 
 # Expert SFT alone on FrozenLake `guided`: the 20-step warm-up as in reproduce-expert-sft-rl (4 lakes x 4
 # copies a step, LR 1e-5), then 40 steps of 8 distinct lakes at LR 5e-5. The validation on 128 fixed
