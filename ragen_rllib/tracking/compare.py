@@ -247,12 +247,26 @@ def common_parent(rows: Sequence[RunRow]) -> str | None:
     return parents.pop() if len(parents) == 1 and None not in parents else None
 
 
+def short_run_names(names: Sequence[str]) -> list[str]:
+    """Drop the prefix all ``names`` share, cut at a ``-`` or ``_`` (a sweep's trials keep ``00003``).
+
+    One name, or names with no common prefix ending in a separator, are returned unchanged.
+    """
+    if len(names) < 2:
+        return list(names)
+    prefix = os.path.commonprefix(list(names))
+    cut = max(prefix.rfind("-"), prefix.rfind("_")) + 1
+    if cut <= 0 or any(len(n) <= cut for n in names):
+        return list(names)
+    return [n[cut:] for n in names]
+
+
 def plot_comparison(rows: Sequence[RunRow], metric: str, out_png: str | os.PathLike,
                     title: str | None = None) -> Path | None:
     """Draw ``metric`` per run against iteration (left) and wall time (right) into one PNG.
 
-    Each run is one line, labelled with its name and its differing params. Written via a temp
-    file, then renamed.
+    Each run is one line, labelled with its name (less the prefix all runs share) and its differing
+    params; the legend sits under both panels. Written via a temp file, then renamed.
 
     Args:
         rows: from ``compare_runs``.
@@ -273,10 +287,12 @@ def plot_comparison(rows: Sequence[RunRow], metric: str, out_png: str | os.PathL
     if not with_data:
         logger.warning("no run has %s: skipping comparison plot %s", metric, out_png)
         return None
-    fig = new_figure((11.0, 4.0))
+    # The legend sits under both panels, one line per run, so long labels never squeeze the axes.
+    fig = new_figure((11.0, 4.0 + 0.17 * len(with_data)))
     ax_it, ax_t = fig.subplots(1, 2)
-    for r in with_data:
-        label = " ".join([r.run_name, *(f"{k.split('.')[-1]}={v}" for k, v in sorted(r.config.items()))])
+    names = short_run_names([r.run_name for r in with_data])
+    for r, name in zip(with_data, names, strict=True):
+        label = " ".join([name, *(f"{k.split('.')[-1]}={v}" for k, v in sorted(r.config.items()))])
         steps = [s for s, _, _ in r.curve]
         secs = [t for _, t, _ in r.curve]
         values = [v for _, _, v in r.curve]
@@ -289,7 +305,7 @@ def plot_comparison(rows: Sequence[RunRow], metric: str, out_png: str | os.PathL
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     ax_it.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_it.legend(fontsize=7, loc="best")
+    fig.legend(loc="outside lower center", ncols=1, fontsize=7, frameon=False)
     fig.suptitle(title or metric, fontsize=11)
     return save_png(fig, out_png)
 

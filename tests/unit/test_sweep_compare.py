@@ -241,3 +241,15 @@ def test_select_runs_and_common_parent() -> None:
     assert [r["run_id"] for r in select_runs(runs)] == ["train", "t1", "t2"]
     assert common_parent([_row("a", 1, 1, {}), _row("b", 1, 1, {})]) == "P"
     assert common_parent([_row("a", 1, 1, {}), _row("b", 1, 1, {}, parent=None)]) is None
+
+
+def test_short_run_names_drop_the_shared_prefix_at_a_separator() -> None:
+    from ragen_rllib.tracking.compare import short_run_names
+
+    trials = ["sweep-echo-20261204-101010-e5f1c-00000", "sweep-echo-20261204-101010-e5f1c-00011"]
+    assert short_run_names(trials) == ["00000", "00011"]
+    # The shared prefix "run_a" is cut back to the separator, so names stay whole words.
+    assert short_run_names(["run_alpha", "run_beta"]) == ["alpha", "beta"]
+    assert short_run_names(["alpha", "beta"]) == ["alpha", "beta"]  # nothing shared
+    assert short_run_names(["x-1", "x-"]) == ["x-1", "x-"]  # a name would become empty
+    assert short_run_names(["only-one"]) == ["only-one"]
