@@ -221,10 +221,13 @@ reproduce-filter-top-p: model
 
 # The think format: the Bandit CPU profile with <think>...</think><answer>...</answer> replies (warm-up
 # on think-format demonstrations with neutral thoughts of 3-17 words), 48 tokens a reply; the think
-# length is logged as rollout/think_words_mean (docs/results.md).
+# length is logged as rollout/think_words_mean (docs/results.md). ~4 min on the 2-core box. Other seeds:
+#   make reproduce-think THINK_SEED=10001 THINK_RUN=repro-bandit-think-s10001
+THINK_SEED ?= 10000
+THINK_RUN ?= repro-bandit-think
 reproduce-think: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/bandit_starpo_s.yaml --profile cpu \
-		--run-name repro-bandit-think --set starpo.seed=10000 --set starpo.enable_think=true \
+		--run-name $(THINK_RUN) --set starpo.seed=$(THINK_SEED) --set starpo.enable_think=true \
 		--set starpo.response_length=48
 
 bench-rollout: model
