@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -218,6 +218,18 @@ reproduce-filter-ratio: model
 # groups excluded, 3 seeds each (docs/results.md).
 reproduce-filter-top-p: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/filter_top_p_bandit.yaml
+
+# The think format on a multi-turn env: reproduce-frozen-lake-guided-rl's setting (StarPO-S, 80
+# iterations, actor LR 5e-5) with <think>...</think><answer>...</answer> replies of up to 48 tokens and
+# a warm-up on think-format demonstrations; think length per iteration is rollout/think_words_mean.
+# ~27 min on the 2-core box (docs/results.md).
+GUIDED_THINK_SEED ?= 10000
+GUIDED_THINK_RUN ?= repro-frozen-lake-guided-think
+reproduce-frozen-lake-guided-think: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(GUIDED_THINK_RUN) --set starpo.seed=$(GUIDED_THINK_SEED) --set starpo.env=frozen_lake:guided \
+		--set "starpo.val_envs=['frozen_lake:guided']" $(FL_RL_SETTING) \
+		--set starpo.enable_think=true --set starpo.response_length=48
 
 # The think format: the Bandit CPU profile with <think>...</think><answer>...</answer> replies (warm-up
 # on think-format demonstrations with neutral thoughts of 3-17 words), 48 tokens a reply; the think
