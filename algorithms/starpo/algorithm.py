@@ -475,14 +475,19 @@ def _rollout_metrics(table: Any, stats: dict[str, float]) -> dict[str, float]:
 
 
 def _flatten_learner_results(results: Any) -> dict[str, float]:
-    """RLlib learner results (list of nested dicts) -> flat {name: float} (first learner)."""
-    out: dict[str, float] = {}
-    first = results[0] if isinstance(results, list) and results else results
+    """RLlib learner results (one nested dict per learner) -> flat {name: float}, averaged over learners.
 
-    def walk(prefix: str, d: Any) -> None:
+    Each learner reports its own shard's losses; the mean over learners describes the whole
+    mini-batch and does not depend on which actor Ray lists first (an order that can change
+    between a run and its restore). Norms are taken after the all-reduce, so they agree across
+    learners anyway.
+    """
+    per_learner = results if isinstance(results, list) else [results]
+
+    def walk(prefix: str, d: Any, out: dict[str, float]) -> None:
         if isinstance(d, dict):
             for k, v in d.items():
-                walk(f"{prefix}/{k}" if prefix else str(k), v)
+                walk(f"{prefix}/{k}" if prefix else str(k), v, out)
         else:
             try:
                 val = d.peek() if hasattr(d, "peek") else d
@@ -490,7 +495,13 @@ def _flatten_learner_results(results: Any) -> dict[str, float]:
             except (TypeError, ValueError):
                 pass
 
-    walk("", first.get(DEFAULT_MODULE_ID, {}) if isinstance(first, dict) else {})
+    flats = []
+    for res in per_learner:
+        flat: dict[str, float] = {}
+        walk("", res.get(DEFAULT_MODULE_ID, {}) if isinstance(res, dict) else {}, flat)
+        flats.append(flat)
+    out = {k: math.fsum(f[k] for f in flats if k in f) / sum(k in f for f in flats)
+           for k in dict.fromkeys(k for f in flats for k in f)}
     if "gradients_actor_global_norm" in out:  # RLlib's pre-clip global norm of the actor optimizer
         out["actor/grad_norm"] = out["gradients_actor_global_norm"]
     if "gradients_critic_global_norm" in out:
