@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -43,6 +43,7 @@ prompts: model
 # the expert) for FrozenLake and Sokoban: docs/results.md. ~5 min on the 2-core CPU box.
 reproduce-baselines: model
 	@$(PY) scripts/baselines.py
+	@$(PY) scripts/frozen_lake_ceiling.py
 
 # The other results of docs/results.md, one target each. tests/integration/test_reproduce_targets.py
 # runs every reproduce-* target's ragen-rllib command for one iteration on a tiny model, so none rots.
@@ -124,6 +125,33 @@ reproduce-frozen-lake-rl: model
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" $(FL_RL_SETTING)
 	@$(PY) scripts/paired_validation.py runs/$(FL_RL_RUN)
 
+# Expert SFT alone on FrozenLake as RAGEN writes it (not slippery): 120 steps of 16 distinct lakes
+# (1,920 expert shortest-path demonstrations, warm-up LR 5e-5, 24-token replies), then the validation
+# on 128 fixed states and the export (iterations=0: no RL; ~16 min; docs/results.md). On the spaced
+# lake: make reproduce-frozen-lake-sft FL_SFT_ENV=frozen_lake:spaced FL_SFT_RUN=repro-frozen-lake-spaced-sft120
+FL_SFT_ENV ?= frozen_lake:not_slippery
+FL_SFT_RUN ?= repro-frozen-lake-sft120
+reproduce-frozen-lake-sft: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(FL_SFT_RUN) --set starpo.seed=10000 --set starpo.env=$(FL_SFT_ENV) \
+		--set "starpo.val_envs=['$(FL_SFT_ENV)']" --set starpo.val_groups=128 --set iterations=0 \
+		--set warmup.kind=expert --set warmup.steps=120 --set warmup.groups=16 --set warmup.group_size=1 \
+		--set warmup.lr=5.0e-5 --set starpo.response_length=24
+	@$(PY) scripts/first_move.py runs/$(FL_SFT_RUN)
+
+# FrozenLake `spaced` (not slippery; RAGEN's grid with its cells joined by spaces, so each cell is one
+# token; not in RAGEN) at the same setting: StarPO-S from the format warm-up at actor LR 5e-5, 8 states
+# x 4 samples, 24-token replies, 80 iterations, validation on 128 fixed states (the not-slippery lakes)
+# every 20 iterations (docs/results.md). Another seed: make reproduce-frozen-lake-spaced-rl SPACED_SEED=10001 SPACED_RUN=<name>
+SPACED_SEED ?= 10000
+SPACED_RUN ?= repro-frozen-lake-spaced-rl
+reproduce-frozen-lake-spaced-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(SPACED_RUN) --set starpo.seed=$(SPACED_SEED) --set starpo.env=frozen_lake:spaced \
+		--set "starpo.val_envs=['frozen_lake:spaced']" $(FL_RL_SETTING)
+	@$(PY) scripts/paired_validation.py runs/$(SPACED_RUN)
+	@$(PY) scripts/first_move.py runs/$(SPACED_RUN)
+
 # Curriculum: the plain lake above, starting from a `guided` StarPO-S policy instead of the format
 # warm-up (no warm-up; 60 iterations; ~11 min). Needs that policy first:
 #   make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
@@ -193,7 +221,7 @@ reproduce-sokoban-sft-rl: model
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:new_vocab
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RUN) --env sokoban:larger
-	@$(PY) scripts/sokoban_first_move.py runs/$(SOKOBAN_RUN)
+	@$(PY) scripts/first_move.py runs/$(SOKOBAN_RUN)
 
 # Expert SFT alone vs expert SFT + RL (the paper's SFT comparison) on FrozenLake (not slippery):
 # 20 supervised steps on expert shortest paths, then StarPO-S on 8 states x 4 samples (keeps 2 groups

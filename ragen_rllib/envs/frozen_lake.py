@@ -13,6 +13,11 @@
   the goal lies in action words, e.g. "The goal is 2 steps Down and 1 step Left from you." The map,
   dynamics and reward are unchanged; only the text differs. A 135M model did not learn to read the
   grid alone (docs/results.md); this variant separates reading the grid from learning to act.
+* ``cell_separator`` (variant ``spaced``, not slippery; not in RAGEN): the grid's cells joined by a
+  space, ``_ G _ _`` instead of ``_G__``. Same map, dynamics, reward and information; only the
+  tokenization differs. SmolLM2's BPE merges RAGEN's rows into multi-cell tokens (``OP``, ``__``,
+  ``OO``), so the player's column is hidden inside a token; spaced, every cell is one token. (It
+  did not help SmolLM2-135M read the lake: docs/results.md.)
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class FrozenLakeConfig:
     max_actions: int = 10
     max_map_tries: int = 200  # rejection-sampling bound before carving a path
     show_goal_offset: bool = False  # add the goal's direction in action words to each state
+    cell_separator: str = ""  # text between a row's cells ("" = RAGEN's render)
 
     def __post_init__(self) -> None:
         if self.size < 2:
@@ -53,6 +59,8 @@ class FrozenLakeConfig:
             raise ValueError(f"FrozenLakeConfig.max_actions must be >= 1, got {self.max_actions!r}")
         if self.max_map_tries < 1:
             raise ValueError(f"FrozenLakeConfig.max_map_tries must be >= 1, got {self.max_map_tries!r}")
+        if self.cell_separator not in ("", " "):
+            raise ValueError(f"FrozenLakeConfig.cell_separator must be '' or ' ', got {self.cell_separator!r}")
 
 
 _OFFSET_LINE = re.compile(r"The goal is (.*) from you\.")
@@ -115,7 +123,8 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
     Config = FrozenLakeConfig
     DESCRIPTION = "random 4x4 slippery lake: reach the goal, avoid holes"
     VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "not_slippery": {"is_slippery": False},
-                                           "guided": {"is_slippery": False, "show_goal_offset": True}}
+                                           "guided": {"is_slippery": False, "show_goal_offset": True},
+                                           "spaced": {"is_slippery": False, "cell_separator": " "}}
 
     def _reset(self, rng: np.random.Generator) -> None:
         cfg = self.config
@@ -153,7 +162,7 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
                     row.append("X" if here else "O")
                 else:
                     row.append("P" if here else "_")
-            rows.append("".join(row))
+            rows.append(self.config.cell_separator.join(row))
         grid = "\n".join(rows)
         return f"{grid}\n{self.goal_offset_text()}" if self.config.show_goal_offset else grid
 
@@ -167,6 +176,58 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         parts = [f"{abs(d)} step{'s' if abs(d) > 1 else ''} {word}"
                  for d, word in ((dr, "Down" if dr > 0 else "Up"), (dc, "Right" if dc > 0 else "Left")) if d]
         return f"The goal is {' and '.join(parts)} from you."
+
+    def shortest_first_actions(self) -> list[str]:
+        """The actions (in ``ACTIONS`` order) that begin *some* shortest frozen-tile path to the goal.
+
+        Not-slippery dynamics: a move onto a frozen neighbour one step closer to the goal (BFS
+        distance over 4-connected frozen tiles). ``[]`` on the goal, in a hole or with no path.
+        The env is not changed.
+        """
+        if self.pos == self.goal or self.in_hole:
+            return []
+        h, w = self.frozen.shape
+        dist = {self.goal: 0}
+        todo = deque([self.goal])
+        while todo:
+            r, c = todo.popleft()
+            for dr, dc in _DELTA.values():
+                nxt = (r + dr, c + dc)
+                if 0 <= nxt[0] < h and 0 <= nxt[1] < w and self.frozen[nxt] and nxt not in dist:
+                    dist[nxt] = dist[(r, c)] + 1
+                    todo.append(nxt)
+        here = dist.get(self.pos)
+        if here is None:
+            return []
+        return [a for a in ACTIONS
+                if dist.get((self.pos[0] + _DELTA[a][0], self.pos[1] + _DELTA[a][1])) == here - 1]
+
+    def best_success_probability(self, actions: int | None = None) -> float:
+        """The highest probability of reaching the goal from the current state within ``actions``
+        moves (default: the actions left in the budget), for a policy that sees the state after
+        every move: finite-horizon value iteration over this lake's dynamics (slippery: intended or
+        either perpendicular move, 1/3 each; a move into the border stays). An upper bound for any
+        policy that commits to several actions per turn. 1.0 on the goal, 0.0 in a hole.
+        """
+        steps = self.actions_left if actions is None else actions
+        h, w = self.frozen.shape
+        moves = {a: ((a, *_PERPENDICULAR[a]) if self.config.is_slippery else (a,)) for a in ACTIONS}
+
+        def land(cell: tuple[int, int], move: str) -> tuple[int, int]:
+            r, c = cell[0] + _DELTA[move][0], cell[1] + _DELTA[move][1]
+            return (r, c) if 0 <= r < h and 0 <= c < w else cell
+
+        value = np.zeros((h, w))
+        value[self.goal] = 1.0
+        for _ in range(steps):
+            new = value.copy()
+            for r in range(h):
+                for c in range(w):
+                    if (r, c) == self.goal or not self.frozen[r, c]:
+                        continue  # absorbing: the goal keeps 1, a hole 0
+                    new[r, c] = max(sum(value[land((r, c), m)] for m in ms) / len(ms) for ms in moves.values())
+            value = new
+        return float(value[self.pos])
 
     def _step(self, action_text: str) -> tuple[float, bool, dict[str, Any]]:
         name = next((a for a in ACTIONS if a.lower() == action_text.strip().lower()), None)

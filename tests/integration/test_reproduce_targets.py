@@ -104,6 +104,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                 "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
             assert "| env | policy |" in p.stdout and len(list(out.glob("*.json"))) == 4, p.stdout
+        elif argv[0] == "scripts/frozen_lake_ceiling.py":  # env-only: value iteration on the validation lakes
+            p = subprocess.run([sys.executable, *argv, "--states", "2"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert "| frozen_lake:not_slippery | 2 | 1.000 |" in p.stdout, p.stdout
         elif argv[0] == "scripts/plot_echo_trap_runs.py":  # plots the runs the target's trains wrote
             runs = [str(tmp_path / "runs" / Path(a).name) for a in argv[1:argv.index("--out")]]
             out = tmp_path / "echo.png"
@@ -123,11 +128,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                text=True, timeout=600)  # argv[2:]: the target's own options (--env)
             assert p.returncode == 0, p.stderr[-2000:]
             assert f"differences against {run.name}@0" in p.stdout and f"\n| {run.name}@1 | 1 |" in p.stdout, p.stdout
-        elif argv[0] == "scripts/sokoban_first_move.py":  # the training and validation rollouts the train wrote
+        elif argv[0] == "scripts/first_move.py":  # the training and validation rollouts the train wrote
             run = tmp_path / "runs" / Path(argv[1]).name
             p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
                                timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
-            assert "| training | 0 |" in p.stdout and "| validation sokoban | 1 |" in p.stdout, p.stdout
+            assert "| training | 0 |" in p.stdout and re.search(r"\| validation \S+ \| 1 \|", p.stdout), p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")

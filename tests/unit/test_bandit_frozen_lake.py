@@ -152,3 +152,66 @@ def test_goal_directions_and_the_hint_following_count() -> None:
     replies = ["<answer> Up || Left </answer>", "<answer> Left </answer>", "<answer> Up </answer>"]
     turns, actions, follows, chance = mod.hint_following(states, replies, PromptConfig(enable_think=False))
     assert (turns, actions, follows) == (2, 3, 1) and chance == 0.25 + 0.5
+
+
+def test_frozen_lake_spaced_is_the_same_lake_with_one_cell_per_word() -> None:
+    spaced, plain = make_env("frozen_lake:spaced"), make_env("frozen_lake", variant="not_slippery")
+    obs_s, _ = spaced.reset(seed=7)
+    obs_p, _ = plain.reset(seed=7)
+    assert (spaced.frozen == plain.frozen).all() and spaced.goal == plain.goal and not spaced.config.is_slippery
+    assert obs_s.replace(" ", "") == obs_p  # same text but for the separators
+    spaced.frozen[:] = True
+    spaced.frozen[1, 0] = False
+    spaced.pos, spaced.goal = (0, 1), (0, 3)
+    assert spaced.render() == "_ P _ G\nO _ _ _\n_ _ _ _\n_ _ _ _"
+    obs, r, term, _, _ = spaced.step("Right")
+    assert obs == "_ _ P G\nO _ _ _\n_ _ _ _\n_ _ _ _" and r == 0.0 and not term
+    obs, r, term, _, _ = spaced.step("Right")
+    assert obs.startswith("_ _ _ √\n") and r == 1.0 and term
+
+
+def test_frozen_lake_cell_separator_is_validated() -> None:
+    from ragen_rllib.envs.frozen_lake import FrozenLakeConfig
+
+    with pytest.raises(ValueError, match="cell_separator"):
+        FrozenLakeConfig(cell_separator="|")
+
+
+def test_frozen_lake_shortest_first_actions_lists_every_optimal_first_move() -> None:
+    env = make_env("frozen_lake", variant="not_slippery")
+    env.reset(seed=3)
+    env.frozen[:] = True
+    env.pos, env.goal = (0, 0), (2, 2)
+    assert env.shortest_first_actions() == ["Down", "Right"]  # both start a 4-step path
+    env.frozen[1, 0] = False  # a hole below: only Right still starts a shortest path
+    assert env.shortest_first_actions() == ["Right"]
+    env.frozen[0, 1] = False  # both neighbours holes: no path at all
+    assert env.shortest_first_actions() == []
+    env.frozen[:] = True
+    env.frozen[0, 1] = env.frozen[1, 1] = env.frozen[2, 1] = False  # a wall of holes: around, 2+... steps
+    env.pos, env.goal = (0, 0), (0, 2)
+    assert env.shortest_first_actions() == ["Down"]
+    env.pos = env.goal
+    assert env.shortest_first_actions() == []
+
+
+def test_frozen_lake_best_success_probability_by_hand() -> None:
+    env = make_env("frozen_lake", variant="not_slippery")
+    env.reset(seed=3)
+    env.frozen[:] = True
+    env.pos, env.goal = (0, 0), (0, 2)
+    assert env.best_success_probability(1) == 0.0 and env.best_success_probability(2) == 1.0
+    slip = make_env("frozen_lake")  # slippery: intended or either perpendicular move, 1/3 each
+    slip.reset(seed=3)
+    slip.frozen[:] = True
+    slip.pos, slip.goal = (0, 0), (0, 1)
+    # One move: Right lands on the goal with 1/3 (Up stays at the border, Down leaves the row);
+    # Up moves Up/Left/Right, so also 1/3. Nothing does better.
+    assert abs(slip.best_success_probability(1) - 1 / 3) < 1e-12
+    # Two moves, no holes: 1/3 now, or stay in (0,0) (Up: 1/3, Left: 1/3 stays) and try again.
+    # Best first move is Up (Up/Left stay, Right hits the goal): 1/3 + 2/3 * 1/3 = 5/9.
+    assert abs(slip.best_success_probability(2) - 5 / 9) < 1e-12
+    slip.frozen[1, 0] = False  # a hole below the start changes nothing for Up (Down is not one of its moves)
+    assert abs(slip.best_success_probability(2) - 5 / 9) < 1e-12
+    slip.pos = (1, 0)  # in the hole
+    assert slip.best_success_probability(5) == 0.0

@@ -1,14 +1,15 @@
-"""How often a Sokoban policy's first move starts a shortest solution, per stored iteration.
+"""How often a policy's first move starts a shortest solution (Sokoban, FrozenLake), per stored iteration.
 
-For every rollout of a run on a Sokoban env (training batches under ``trajectories/`` and every
+For every rollout of a run on a Sokoban or FrozenLake env (training batches under ``trajectories/`` and every
 stored validation under ``validation/<env>/``), the initial room is rebuilt from the row's env,
 variant and initial seed (and checked against the stored first observation), and the first
 action of the first reply is compared with *every* action that begins some shortest solution
-(``SokobanEnv.shortest_first_actions``). Chance is a uniformly random first move: the number of
-optimal first moves / 4, averaged over the same rollouts. A policy that reads the room scores
+(``shortest_first_actions`` of ``SokobanEnv`` / ``FrozenLakeEnv``; on FrozenLake the not-slippery
+shortest paths over frozen tiles). Chance is a uniformly random first move: the number of
+optimal first moves / 4, averaged over the same rollouts. A policy that reads the room or lake scores
 above chance; one that does not sits at it. Prints a Markdown table.
 
-    .venv/bin/python scripts/sokoban_first_move.py runs/<run>
+    .venv/bin/python scripts/first_move.py runs/<run>
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from ragen_rllib.prompting import PromptConfig, parse_reply
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.trajectory.store import read_run, validation_envs, validation_store
 
+ENVS = ("sokoban", "frozen_lake")  # the envs with ``shortest_first_actions``
 COLUMNS = [Col.ITERATION, Col.ENV_NAME, Col.ENV_VARIANT, Col.INITIAL_SEED, Col.TURN_STATES, Col.TURN_RESPONSES]
 
 
 def first_move_counts(rows: list[dict], cfg: PromptConfig) -> dict[int, list[float]]:
     """Per iteration ``[rollouts, replies with an action, first moves that start a shortest
-    solution, expected such moves of a uniformly random first move]`` (Sokoban rows only).
+    solution, expected such moves of a uniformly random first move]`` (rows of ``ENVS`` only).
 
     Raises:
         ValueError: a rebuilt room differs from the stored first observation (another env config).
@@ -35,7 +37,7 @@ def first_move_counts(rows: list[dict], cfg: PromptConfig) -> dict[int, list[flo
     per: dict[int, list[float]] = {}
     optimal_cache: dict[tuple[str, str, int], list[str]] = {}
     for row in rows:
-        if row[Col.ENV_NAME] != "sokoban":
+        if row[Col.ENV_NAME] not in ENVS:
             continue
         key = (row[Col.ENV_NAME], row[Col.ENV_VARIANT], int(row[Col.INITIAL_SEED]))
         if key not in optimal_cache:
@@ -63,9 +65,13 @@ def main() -> int:
         return 2
     cfg = PromptConfig(enable_think=False)
     try:  # a corrupt or foreign file, or a room that does not rebuild: one line, no traceback
-        sources: list[tuple[str, list[dict]]] = [("training", read_run(args.run, columns=COLUMNS).to_pylist())]
+        sources: list[tuple[str, list[dict]]] = []
+        if (args.run / "trajectories").is_dir():  # absent in a run with no RL iteration (iterations=0)
+            sources.append(("training", read_run(args.run, columns=COLUMNS).to_pylist()))
         for env in validation_envs(args.run):
             sources.append((f"validation {env}", validation_store(args.run, env).read(columns=COLUMNS).to_pylist()))
+        if not sources:
+            raise ValueError(f"{args.run} holds no trajectories/ and no validation/")
         tables = [(name, sorted(first_move_counts(rows, cfg).items())) for name, rows in sources]
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
