@@ -73,24 +73,27 @@ def goal_directions(state: str) -> frozenset[str] | None:
     return None if m is None else frozenset(a for a in ACTIONS if a in m.group(1))
 
 
-def has_path(frozen: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:
-    """Return True if 4-connected frozen tiles link ``start`` to ``goal``.
+def frozen_distances(frozen: np.ndarray, source: tuple[int, int]) -> dict[tuple[int, int], int]:
+    """BFS distance (moves, int) from ``source`` to every frozen tile 4-connected to it.
 
     Args:
         frozen: (H, W) bool, True where the tile is frozen (start and goal count as frozen).
     """
     h, w = frozen.shape
-    seen, todo = {start}, deque([start])
+    dist, todo = {source: 0}, deque([source])
     while todo:
         r, c = todo.popleft()
-        if (r, c) == goal:
-            return True
         for dr, dc in _DELTA.values():
-            nr, nc = r + dr, c + dc
-            if 0 <= nr < h and 0 <= nc < w and frozen[nr, nc] and (nr, nc) not in seen:
-                seen.add((nr, nc))
-                todo.append((nr, nc))
-    return False
+            nxt = (r + dr, c + dc)
+            if 0 <= nxt[0] < h and 0 <= nxt[1] < w and frozen[nxt] and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                todo.append(nxt)
+    return dist
+
+
+def has_path(frozen: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> bool:
+    """Return True if 4-connected frozen tiles link ``start`` to ``goal`` ((H, W) bool ``frozen``)."""
+    return goal in frozen_distances(frozen, start)
 
 
 def generate_map(rng: np.random.Generator, size: int, p_frozen: float,
@@ -186,16 +189,7 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         """
         if self.pos == self.goal or self.in_hole:
             return []
-        h, w = self.frozen.shape
-        dist = {self.goal: 0}
-        todo = deque([self.goal])
-        while todo:
-            r, c = todo.popleft()
-            for dr, dc in _DELTA.values():
-                nxt = (r + dr, c + dc)
-                if 0 <= nxt[0] < h and 0 <= nxt[1] < w and self.frozen[nxt] and nxt not in dist:
-                    dist[nxt] = dist[(r, c)] + 1
-                    todo.append(nxt)
+        dist = frozen_distances(self.frozen, self.goal)
         here = dist.get(self.pos)
         if here is None:
             return []
