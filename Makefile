@@ -101,15 +101,18 @@ reproduce-frozen-lake-guided: model
 # make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001
 # Vanilla StarPO at the same setting (keeps all 8 groups = 4 optimizer steps, KL 0.001 in the loss, clip 0.2):
 # make reproduce-frozen-lake-guided-rl GUIDED_RL_CONFIG=experiments/frozen_lake_starpo.yaml GUIDED_RL_SEED=10001 GUIDED_RL_RUN=<name>
+# StarPO-S at vanilla's number of optimizer steps (the 8 kept rows in 4 mini-batches of 2):
+# make reproduce-frozen-lake-guided-rl GUIDED_RL_SET="--set starpo.ppo_mini_batch_size=2" GUIDED_RL_SEED=10000 GUIDED_RL_RUN=<name>
 GUIDED_RL_CONFIG ?= experiments/frozen_lake_starpo_s.yaml
 GUIDED_RL_SEED ?= 10000
 GUIDED_RL_RUN ?= repro-frozen-lake-guided-rl
+GUIDED_RL_SET ?=
 FL_RL_SETTING = --set starpo.val_groups=128 --set iterations=80 --set starpo.test_freq=20 --set checkpoint_freq=80 \
 	--set starpo.response_length=24 --set starpo.env_groups=8 --set starpo.ppo_mini_batch_size=8 --set starpo.actor_lr=5.0e-5
 reproduce-frozen-lake-guided-rl: model
 	@$(PY) -m ragen_rllib.cli train --config $(GUIDED_RL_CONFIG) --profile cpu \
 		--run-name $(GUIDED_RL_RUN) --set starpo.seed=$(GUIDED_RL_SEED) --set starpo.env=frozen_lake:guided \
-		--set "starpo.val_envs=['frozen_lake:guided']" $(FL_RL_SETTING)
+		--set "starpo.val_envs=['frozen_lake:guided']" $(FL_RL_SETTING) $(GUIDED_RL_SET)
 	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RL_RUN)
 	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RL_RUN)
 

@@ -20,7 +20,11 @@ optimizer step on it per repetition; medians over ``--reps`` after one warm-up r
 Ratios are speed ratios (time of the reference / time of the variant): > 1 = faster.
 
 Run: ``.venv/bin/python benchmarks/learner.py [--env bandit] [--reps 5] [--groups 2]
-[--group-size 8] [--max-turns 1]``
+[--group-size 8] [--max-turns 1] [--set starpo.KEY=VALUE ...]``
+
+On a GPU, ``--profile gpu`` runs the learner as that profile does (on the GPU, DeepSpeed ZeRO-2 in
+bf16); the bare loop then runs on the same device under bf16 autocast, and the peak GPU memory of
+each part is printed. Times on a GPU wait for the device (``torch.cuda.synchronize``).
 """
 
 from __future__ import annotations
@@ -69,20 +73,28 @@ def _demo_table(params: Any, groups: int, group_size: int) -> Any:
     return rows_to_table(res.rows)
 
 
-def _median_s(fn: Callable[[], Any], reps: int) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_s(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
     fn()  # warm-up
     times = []
     for _ in range(reps):
+        _sync(device)
         t0 = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _bare_step(model: Any, head: Any, opt: Any, t: dict[str, torch.Tensor], full_logits: bool, clip: float) -> None:
+def _bare_step(model: Any, head: Any, opt: Any, t: dict[str, torch.Tensor], full_logits: bool, clip: float,
+               bf16: bool) -> None:
     ids, attn, mask = t["ids"], t["attn"], t["mask"]
     sel = mask[:, 1:] > 0
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolve_bf16("auto", "cpu")):
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         if full_logits:
             out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
             logits = out.logits[:, :-1][sel].float()
@@ -113,6 +125,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--with-engine", action="store_true",
                     help="start the experiment's rollout engine in this process first (the in-process placement)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override an experiment key, as `ragen-rllib train --set` (repeatable)")
     args = ap.parse_args()
     from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
 
@@ -127,6 +141,7 @@ def main() -> None:
 
     sets = ["starpo.test_freq=0"] + ([f"starpo.env={args.env}"] if args.env else [])
     sets += [f"starpo.max_turns={args.max_turns}"] if args.max_turns else []
+    sets += args.set
     cfg = load_experiment(args.config, args.profile, sets)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = build_config(cfg, "bench-learner").build_algo()
@@ -139,6 +154,9 @@ def main() -> None:
           f"{min(lengths)}-{max(lengths)} tokens per row, torch threads {torch.get_num_threads()}")
     learner = algo.learner_group._learner
     module = learner.module[next(iter(learner.module.keys()))]
+    device = next(module.parameters()).device
+    print(f"learner device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+          + f", backend {type(learner._backend).__name__}, bf16 autocast {module.bf16_autocast_on(device.type)}")
 
     def ours(share: bool, reuse: bool) -> Callable[[], Any]:
         def step() -> None:
@@ -150,9 +168,13 @@ def main() -> None:
             algo._update(batch)
         return step
 
-    results = {"ours": _median_s(ours(True, True), args.reps),
-               "ours, unshared": _median_s(ours(False, True), args.reps),
-               "ours, separate old-logp pass": _median_s(ours(True, False), args.reps)}
+    results = {"ours": _median_s(ours(True, True), args.reps, device),
+               "ours, unshared": _median_s(ours(False, True), args.reps, device),
+               "ours, separate old-logp pass": _median_s(ours(True, False), args.reps, device)}
+    peak = {}
+    if device.type == "cuda":
+        peak["ours (all three variants)"] = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
     algo.stop()
     ray.shutdown()
 
@@ -161,8 +183,10 @@ def main() -> None:
     from ragen_rllib.trajectory import to_padded_tensors
     from ragen_rllib.trajectory.schema import Col
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(p.model), dtype=torch.float32, local_files_only=True)
-    head = torch.nn.Linear(model.config.hidden_size, 1)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(p.model), dtype=torch.float32,
+                                                 local_files_only=True).to(device)
+    head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+    bf16 = resolve_bf16(p.bf16_autocast, device.type)
     # the same fused AdamW as the learner, so the ratio measures the learner, not the optimizer kernel
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=p.actor_lr, weight_decay=p.weight_decay,
                             fused=True)
@@ -171,13 +195,19 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     t = {"ids": tt[Col.TOKEN_IDS], "attn": tt["attention_mask"], "mask": mask,
          "adv": torch.randn(mask.shape, generator=g) * mask, "ret": torch.randn(mask.shape, generator=g) * mask}
-    results["bare torch"] = _median_s(lambda: _bare_step(model, head, opt, t, False, p.grad_clip), args.reps)
-    results["bare torch, full logits"] = _median_s(lambda: _bare_step(model, head, opt, t, True, p.grad_clip),
-                                                   args.reps)
+    t = {k: v.to(device) for k, v in t.items()}
+    results["bare torch"] = _median_s(lambda: _bare_step(model, head, opt, t, False, p.grad_clip, bf16), args.reps,
+                                      device)
+    if device.type == "cuda":
+        peak["bare torch"] = torch.cuda.max_memory_allocated(device)
+    results["bare torch, full logits"] = _median_s(lambda: _bare_step(model, head, opt, t, True, p.grad_clip, bf16),
+                                                   args.reps, device)
 
     print(f"\n{'variant':<34} {'median s':>9} {'speed vs bare':>14}")
     for k, v in results.items():
         print(f"{k:<34} {v:>9.3f} {results['bare torch'] / v:>13.2f}x")
+    for k, v in peak.items():
+        print(f"peak GPU memory allocated, {k}: {v / 2**30:.2f} GiB")
     print(f"\nlearner / bare torch: {results['bare torch'] / results['ours']:.2f}x (goal >= 0.9)")
     print(f"prefix-shared vs unshared update: {results['ours, unshared'] / results['ours']:.2f}x faster")
     print(f"update forward reused vs separate old-logp pass: "

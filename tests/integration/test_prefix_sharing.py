@@ -1,5 +1,6 @@
 """Prefix-shared forward == unshared forward (log-probs, entropies, values, gradients; fp32, 1e-5),
-on multi-turn rows: shared first prompt, reply, observation, reply; a tiny random Llama."""
+on multi-turn rows: shared first prompt, reply, observation, reply; a tiny random Llama. The
+equality test also runs on a CUDA GPU where there is one (other attention kernels, the same bound)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import pytest
 import torch
 
 from ragen_rllib.trajectory.schema import Col
+
+#: The CPU always; a CUDA GPU where there is one (``gpu``-marked: ``pytest -m gpu`` runs only those).
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 pytestmark = pytest.mark.integration
 
@@ -50,21 +55,23 @@ def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ids, attn, mask
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("critic_type,call_cost", [("value_head", 64), ("separate", 64), (None, 64),
                                                    ("value_head", 0), ("separate", 0)])
-def test_shared_prefix_forward_and_gradients_equal_the_unshared_ones(tiny_model_dir, critic_type, call_cost) -> None:
+def test_shared_prefix_forward_and_gradients_equal_the_unshared_ones(tiny_model_dir, critic_type, call_cost,
+                                                                     device) -> None:
     """call_cost 64: each prefix's rows in one padded batch; 0: one batch per distinct row length
     (group A's three rows in three batches continued from one prefix cache, group B's in two)."""
     from ragen_rllib.core.prefix import length_buckets, plan_shared_prefixes
 
-    module = _module(tiny_model_dir, critic_type, bucket_call_cost=call_cost)
-    ids, attn, mask = _multi_turn_batch(module.lm.config.vocab_size)
+    module = _module(tiny_model_dir, critic_type, bucket_call_cost=call_cost).to(device)
+    ids, attn, mask = (t.to(device) for t in _multi_turn_batch(module.lm.config.vocab_size))
     groups, alone = plan_shared_prefixes(ids, attn, mask)
     assert [g.rows for g in groups] == [[0, 1, 2], [3, 4]] and alone == [5]
     assert groups[0].prefix_len == 14  # rows 0, 1 share more, row 2 only the prompt
     suffixes = [int(attn[r].sum()) - groups[0].prefix_len for r in groups[0].rows]
     assert len(length_buckets(suffixes, call_cost)) == (3 if call_cost == 0 else 1)
-    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2)) * mask
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2)).to(device) * mask
 
     def run(share: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         module.zero_grad(set_to_none=True)
