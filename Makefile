@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -204,6 +204,23 @@ reproduce-frozen-lake-guided-sft-rl: model
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
 	@$(PY) scripts/guided_hint_following.py runs/$(GUIDED_RUN)
 	@$(PY) scripts/paired_validation.py runs/$(GUIDED_RUN)
+
+# Sokoban 6x6 RL from the format-only warm-up, at the setting of reproduce-frozen-lake-guided-rl:
+# StarPO-S at actor LR 5e-5, 8 puzzles x 4 samples, 24-token replies, 80 iterations; validation on
+# 128 fixed states of `sokoban`, `sokoban:new_vocab` and `sokoban:larger` every 20 iterations,
+# compared state by state with the first (docs/results.md). Another seed:
+# make reproduce-sokoban-rl SOKOBAN_RL_SEED=10001 SOKOBAN_RL_RUN=<name>
+SOKOBAN_RL_SEED ?= 10000
+SOKOBAN_RL_RUN ?= repro-sokoban-rl
+SOKOBAN_RL_SET ?=
+reproduce-sokoban-rl: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
+		--run-name $(SOKOBAN_RL_RUN) --set starpo.seed=$(SOKOBAN_RL_SEED) \
+		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" $(FL_RL_SETTING) $(SOKOBAN_RL_SET)
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban:new_vocab
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban:larger
+	@$(PY) scripts/first_move.py runs/$(SOKOBAN_RL_RUN)
 
 # Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the paper's SFT comparison; RL from the format
 # warm-up did not fit a session here): 40 SFT steps on 8 distinct puzzles a step (BFS plans, <= 5
