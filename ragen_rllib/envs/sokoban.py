@@ -15,6 +15,8 @@
   action with ``action_is_effective=False``.
 * **Reward per action** (gym-sokoban): −0.1 per step, +1 when a box lands on a target, −1 when a
   box leaves a target, +10 when all boxes are on targets (then ``terminated`` and ``success``).
+  ``step_reward`` sets the per-step term (an ablation knob: with it at 0 a shorter episode no
+  longer earns more).
   The action budget (``max_actions``, RAGEN's 10) is the base class's truncation; gym-sokoban's
   internal 100-step cap is not reproduced because the budget always ends the episode first.
 * **Symbols**: default ``#`` wall, ``_`` empty, ``O`` target, ``√`` box on target, ``X`` box,
@@ -80,6 +82,7 @@ class SokobanConfig:
     # on 6x6 / 1 box the whole reachable space is explored by depth ~20), 10 for 8x8 / 2 boxes.
     search_depth: int = 300
     max_actions: int = 10  # RAGEN's max_actions_per_traj
+    step_reward: float = STEP_REWARD  # added for every action; gym-sokoban's -0.1
     vocab: str = "default"  # "default" | "new_vocab"
     max_generation_tries: int = 100  # bounded retries before reset raises RuntimeError
 
@@ -469,7 +472,7 @@ class SokobanEnv(TextEnv[SokobanConfig]):
         if a is None:
             return 0.0, False, {"action_is_valid": False, "action_is_effective": False, "success": self.solved}
         move = self._move(a)
-        reward, moved = STEP_REWARD, move is not None
+        reward, moved = self.config.step_reward, move is not None
         if move is not None:
             cell, pushed_to = move
             if pushed_to is not None:

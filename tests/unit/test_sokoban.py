@@ -154,6 +154,23 @@ def test_ordinary_move_is_exactly_minus_point_one_and_player_on_target_renders()
     assert obs.split("\n")[1] == "#__S_#"
 
 
+def test_step_reward_sets_the_per_step_term_and_nothing_else():
+    rows = ["#######",
+            "#_____#",
+            "#_PX_O#",
+            "#_____#",
+            "#######"]
+    env = SokobanEnv.from_layout(rows, step_reward=0.0)
+    assert env.step("Up")[1] == 0.0  # ordinary move
+    env.step("Down")
+    _, r, term, _, _ = env.step("Right")
+    assert r == 0.0 and not term
+    _, r, term, _, info = env.step("Right")  # push onto the target: +1 and +10, no step term
+    assert r == pytest.approx(11.0) and term and info["success"]
+    assert make_env("sokoban", step_reward=0.0).config.step_reward == 0.0  # as `starpo.env_config` passes it
+    assert SokobanConfig().step_reward == -0.1  # gym-sokoban's default is unchanged
+
+
 @pytest.mark.parametrize("text", ["jump", "", "   ", "Up Up", "Up,", "upp", "0", "x" * 100_000, "Ｕp"])
 def test_unknown_action_text_is_an_invalid_no_op(text):
     env = SokobanEnv.from_layout(["######",
