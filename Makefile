@@ -221,6 +221,7 @@ reproduce-sokoban-rl: model
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban:new_vocab
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban:larger
 	@$(PY) scripts/first_move.py runs/$(SOKOBAN_RL_RUN)
+	@$(PY) scripts/episode_lengths.py runs/$(SOKOBAN_RL_RUN)
 
 # Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the paper's SFT comparison; RL from the format
 # warm-up did not fit a session here): 40 SFT steps on 8 distinct puzzles a step (BFS plans, <= 5

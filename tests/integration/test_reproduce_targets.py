@@ -134,5 +134,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
             assert "| training | 0 |" in p.stdout and re.search(r"\| validation \S+ \| 1 \|", p.stdout), p.stdout
+        elif argv[0] == "scripts/episode_lengths.py":  # the training rollouts the train wrote
+            run = tmp_path / "runs" / Path(argv[1]).name
+            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
+                               timeout=600)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert "\n| 0-9 | " in p.stdout, p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")
