@@ -96,6 +96,9 @@ class SokobanConfig:
             raise ValueError(f"SokobanConfig.dim_room must be at least (3, 3) (walls included), got {self.dim_room!r}")
         if self.num_boxes < 1:
             raise ValueError(f"SokobanConfig.num_boxes must be >= 1, got {self.num_boxes!r}")
+        step = self.step_reward
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not np.isfinite(step):
+            raise ValueError(f"SokobanConfig.step_reward must be a finite number, got {step!r}")
         interior = (self.dim_room[0] - 2) * (self.dim_room[1] - 2)
         # The player, every box and at least one free cell to move into must fit inside the walls.
         if interior < self.num_boxes + 2:

@@ -254,6 +254,8 @@ def test_solver_finds_plans_on_larger_rooms():
     ({"search_depth": 0}, "search_depth"),
     ({"max_actions": 0}, "max_actions"),
     ({"vocab": "emoji"}, "vocab"),
+    ({"step_reward": "-0.1"}, "step_reward"),
+    ({"step_reward": float("nan")}, "step_reward"),
 ])
 def test_config_validation_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
