@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,21 @@ def _tiny(model: Path, run_dir: Path, turns: int | None) -> list[str]:
     if turns is not None:
         sets.append(f"starpo.max_turns={min(turns, 2)}")
     return list(itertools.chain.from_iterable(("--set", s) for s in sets))
+
+
+#: Scripts a target runs on its train's run folder, each with what its output must show after one iteration.
+RUN_READERS: dict[str, Callable[[str, str], bool]] = {
+    # the guided lake's hint following, per iteration
+    "scripts/guided_hint_following.py": lambda out, run: out.startswith("| iteration | turns |") and "\n| 0 |" in out,
+    # the validations before and after the one iteration
+    "scripts/paired_validation.py": lambda out, run: f"differences against {run}@0" in out
+    and f"\n| {run}@1 | 1 |" in out,
+    # the training and validation rollouts
+    "scripts/first_move.py": lambda out, run: "| training | 0 |" in out
+    and re.search(r"\| validation \S+ \| 1 \|", out) is not None,
+    # the training rollouts
+    "scripts/episode_lengths.py": lambda out, run: "\n| 0-9 | " in out,
+}
 
 
 def _train(argv: list[str], model: Path, tmp_path: Path) -> None:
@@ -116,29 +132,11 @@ def test_reproduce_target_runs_one_iteration(target: str, tiny_model_dir: Path, 
                                text=True, timeout=600)
             assert p.returncode == 0, p.stderr[-2000:]
             assert out.stat().st_size > 0 and p.stdout.count("first signals") == len(runs), p.stdout
-        elif argv[0] == "scripts/guided_hint_following.py":  # reads the run the target's train wrote
-            run = tmp_path / "runs" / Path(argv[1]).name
-            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
-                               timeout=600)
-            assert p.returncode == 0, p.stderr[-2000:]
-            assert p.stdout.startswith("| iteration | turns |") and "\n| 0 |" in p.stdout, p.stdout
-        elif argv[0] == "scripts/paired_validation.py":  # the validations before and after the one iteration
+        elif argv[0] in RUN_READERS:  # scripts that read the run the target's train wrote
             run = tmp_path / "runs" / Path(argv[1]).name
             p = subprocess.run([sys.executable, argv[0], str(run), *argv[2:]], cwd=ROOT, capture_output=True,
                                text=True, timeout=600)  # argv[2:]: the target's own options (--env)
             assert p.returncode == 0, p.stderr[-2000:]
-            assert f"differences against {run.name}@0" in p.stdout and f"\n| {run.name}@1 | 1 |" in p.stdout, p.stdout
-        elif argv[0] == "scripts/first_move.py":  # the training and validation rollouts the train wrote
-            run = tmp_path / "runs" / Path(argv[1]).name
-            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
-                               timeout=600)
-            assert p.returncode == 0, p.stderr[-2000:]
-            assert "| training | 0 |" in p.stdout and re.search(r"\| validation \S+ \| 1 \|", p.stdout), p.stdout
-        elif argv[0] == "scripts/episode_lengths.py":  # the training rollouts the train wrote
-            run = tmp_path / "runs" / Path(argv[1]).name
-            p = subprocess.run([sys.executable, argv[0], str(run)], cwd=ROOT, capture_output=True, text=True,
-                               timeout=600)
-            assert p.returncode == 0, p.stderr[-2000:]
-            assert "\n| 0-9 | " in p.stdout, p.stdout
+            assert RUN_READERS[argv[0]](p.stdout, run.name), p.stdout
         else:
             pytest.fail(f"{target}: no one-iteration check for command {argv}")
