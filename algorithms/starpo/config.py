@@ -65,6 +65,7 @@ class StarPOConfig(AlgorithmConfig):
             "critic_type": p.critic_type if p.use_critic else None,
             "bf16_autocast": p.bf16_autocast,
             "share_prefix": p.share_prefix,
+            "pack_tokens": p.pack_tokens,
             "temperature": p.temperature,  # training log-probs at the rollout's sampling temperature
             "seed": p.seed,
             "lora_rank": p.lora_rank, "lora_alpha": p.lora_alpha, "lora_dropout": p.lora_dropout,

@@ -148,6 +148,9 @@ class StarPOParams:
     bf16_autocast: bool | str = False
     # --- learner speed (exact: same log-probs, values and gradients, tested)
     share_prefix: bool = True  # a prefix shared by several rows (a group's first prompt) is forwarded once
+    # Rows continued from one shared prefix are packed into forward calls of at most this many tokens
+    # (one row each, a mask keeping rows apart): no padding, no per-row copy of the prefix's keys/values.
+    pack_tokens: int = 512
     # With one epoch, one mini-batch and one micro-batch (StarPO-S on the CPU profiles), the old
     # log-probs and values are the update's own forward, detached (as verl / TRL): no second forward.
     # Falls back to a separate no-grad pass otherwise (and with kl_mode='reward', lora_dropout > 0
@@ -195,7 +198,7 @@ class StarPOParams:
             if getattr(self, name) not in allowed:
                 raise bad(name, f"must be one of {list(allowed)}")
         for name in ("env_groups", "group_size", "response_length", "max_actions_per_turn", "max_context_tokens",
-                     "val_groups", "val_group_size", "ppo_epochs", "ppo_mini_batch_size"):
+                     "val_groups", "val_group_size", "ppo_epochs", "ppo_mini_batch_size", "pack_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be an int >= 1")
         if self.max_turns is not None and self.max_turns < 1:

@@ -41,7 +41,7 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ragen_rllib.core.prefix import DEFAULT_CALL_COST, PrefixGroup, length_buckets, plan_shared_prefixes
+from ragen_rllib.core.prefix import DEFAULT_PACK_TOKENS, PrefixGroup, pack_rows, packed_mask, plan_shared_prefixes
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
 
@@ -77,8 +77,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
         self.share_prefix = bool(cfg.get("share_prefix", True))
-        # Padded tokens one more forward batch is worth (``length_buckets``); exact for any value.
-        self.bucket_call_cost = int(cfg.get("bucket_call_cost", DEFAULT_CALL_COST))
+        # Most tokens of one packed forward call (``pack_rows``); exact for any value.
+        self.pack_tokens = int(cfg.get("pack_tokens", DEFAULT_PACK_TOKENS))
         self.temperature = float(cfg.get("temperature", 1.0))
         if not self.temperature > 0:
             raise ValueError(f"model_config['temperature'] must be > 0, got {self.temperature!r}")
@@ -137,39 +137,51 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         forwarded once and its rows continue from its key/value cache (exact: a causal prefix's
         states do not depend on what follows). Positions past a row's length are zeros.
 
-        The rows continued from one prefix, and the rows sharing none, run in batches of similar
-        length (``length_buckets``), so a short episode is not padded to its group's longest. The
-        token embeddings are looked up once for the whole batch: one (vocab, hidden) embedding
-        gradient per backward, not one per forward call."""
-        if plan is None or not plan[0]:
+        The rows continued from one prefix, and the rows sharing none, are packed end to end into
+        sequences of at most ``pack_tokens`` tokens (``pack_rows``), each forwarded as one row with
+        a mask that lets a token see the prefix and its own row only (``packed_mask``) and its own
+        positions: no padding, and the prefix's keys/values are not copied per row. The token
+        embeddings are looked up once for the whole batch: one (vocab, hidden) embedding gradient
+        per backward, not one per forward call."""
+        if plan is None:
             return self._trunk(model, ids, attn)
         groups, alone = plan
         base = _base_model(model)
+        dev = ids.device
         emb = base.get_input_embeddings()(ids)  # (B, T, H)
         lengths: list[int] = attn.sum(1).tolist()  # (B,) real tokens per row
-        parts: list[tuple[list[int], int, torch.Tensor]] = []
+        pieces: list[torch.Tensor] = []  # hidden states, (n_i, H) each, laid end to end
+        where = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T) index of each position's state in pieces
+        done = 0
+
+        def packed(rows: list[int], start: int, cache: Any) -> None:
+            """Forward ``rows`` from position ``start`` (after ``cache``, the prefix, if any), packed."""
+            nonlocal done
+            for pack in pack_rows([lengths[r] - start for r in rows], self.pack_tokens):
+                rs = [rows[i] for i in pack]
+                x = torch.cat([emb[r, start:lengths[r]] for r in rs])[None]  # (1, q, H)
+                pos = torch.cat([torch.arange(start, lengths[r], device=dev) for r in rs])[None]  # (1, q)
+                mask = packed_mask([lengths[r] - start for r in rs], start, dev)[None, None]  # (1, 1, q, start + q)
+                h = base(inputs_embeds=x, attention_mask=mask, position_ids=pos,
+                         past_key_values=None if cache is None else _cache_view(cache),
+                         use_cache=cache is not None).last_hidden_state[0]  # (q, H)
+                for r in rs:
+                    where[r, start:lengths[r]] = torch.arange(done, done + lengths[r] - start)
+                    done += lengths[r] - start
+                pieces.append(h)
+
         for g in groups:
             pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len], attention_mask=attn[g.rows[:1], :g.prefix_len],
                        use_cache=True)
-            for bucket in length_buckets([lengths[r] - g.prefix_len for r in g.rows], self.bucket_call_cost):
-                rows = [g.rows[i] for i in bucket]
-                idx = torch.as_tensor(rows, device=ids.device)
-                t_len, n = max(lengths[r] for r in rows), len(rows)
-                suffix = base(inputs_embeds=emb[idx, g.prefix_len:t_len], attention_mask=attn[idx, :t_len],
-                              past_key_values=_repeated_cache(pre.past_key_values, n), use_cache=True
-                              ).last_hidden_state
-                parts.append((rows, t_len, torch.cat([pre.last_hidden_state.expand(n, -1, -1), suffix], 1)))
-        for bucket in length_buckets([lengths[r] for r in alone], self.bucket_call_cost):  # [] when none
-            rows = [alone[i] for i in bucket]
-            idx = torch.as_tensor(rows, device=ids.device)
-            t_len = max(1, *(lengths[r] for r in rows))
-            parts.append((rows, t_len, base(inputs_embeds=emb[idx, :t_len], attention_mask=attn[idx, :t_len]
-                                            ).last_hidden_state))
-        h0 = parts[0][2]
-        out = torch.zeros((*ids.shape, h0.shape[-1]), dtype=h0.dtype, device=h0.device)
-        for rows, t_len, h in parts:
-            out[torch.as_tensor(rows, device=ids.device), :t_len] = h.to(out.dtype)
-        return out
+            pieces.append(pre.last_hidden_state[0])  # (P, H), shared by every row of the group
+            where[g.rows, :g.prefix_len] = torch.arange(done, done + g.prefix_len)
+            done += g.prefix_len
+            packed(g.rows, g.prefix_len, pre.past_key_values)
+        if alone:
+            packed(alone, 0, None)
+        flat = torch.cat([*pieces, pieces[0].new_zeros(1, pieces[0].shape[-1])])  # (done + 1, H); last row: padding
+        where[where < 0] = done
+        return flat[where.to(dev)]
 
     def score(self, token_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
               with_values: bool, with_entropy: bool, share_prefix: bool | None = None,
@@ -277,14 +289,12 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         return {k: v for k, v in self.lm.state_dict().items()}
 
 
-def _repeated_cache(cache: Any, n: int) -> Any:
-    """A copy of an HF ``Cache`` (batch 1) whose layers hold the keys/values repeated ``n`` times
-    (differentiable). The source cache is left as it was, so several batches can continue from it:
-    ``batch_repeat_interleave`` and the next forward's ``update`` both rebind a layer's tensors,
-    never write into them."""
+def _cache_view(cache: Any) -> Any:
+    """A shallow copy of an HF ``Cache`` to continue a forward from: the forward's ``update``
+    rebinds the copy's layer tensors (concatenation), so the source stays the prefix alone and
+    several packs can continue from it, without copying its keys/values."""
     out = copy.copy(cache)
     out.layers = [copy.copy(layer) for layer in cache.layers]
-    out.batch_repeat_interleave(n)
     return out
 
 

@@ -1,4 +1,5 @@
-"""``plan_shared_prefixes`` (which rows share which prefix), ``length_buckets`` (forward batches): hand-computed."""
+"""``plan_shared_prefixes`` (which rows share which prefix), ``pack_rows`` / ``packed_mask`` (packed
+forward calls): hand-computed."""
 
 from __future__ import annotations
 
@@ -50,36 +51,32 @@ def test_short_or_single_prefixes_are_not_shared() -> None:
     assert groups == [PrefixGroup(rows=[0, 1], prefix_len=1)] and alone == [2]
 
 
-def test_length_buckets_hand_computed() -> None:
-    from ragen_rllib.core.prefix import length_buckets
+def test_pack_rows_hand_computed() -> None:
+    from ragen_rllib.core.prefix import pack_rows
 
-    # FrozenLake group after a 200-token prompt: suffixes of 100, 198, 104, 10 tokens.
-    # One batch: 4 x 198 + 64 = 856. {198} {104, 100} {10}: 198 + 2 x 104 + 10 + 3 x 64 = 608, the least
-    # ({198} {104, 100, 10}: 198 + 312 + 128 = 638; {198, 104, 100} {10}: 594 + 10 + 128 = 732).
-    assert length_buckets([100, 198, 104, 10], call_cost=64) == [[1], [0, 2], [3]]
-    assert length_buckets([100, 198, 104, 10], call_cost=0) == [[1], [2], [0], [3]]
-    assert length_buckets([100, 198, 104, 10], call_cost=10**9) == [[0, 1, 2, 3]]
-    assert length_buckets([5, 5, 5, 5]) == [[0, 1, 2, 3]]  # equal lengths: one batch at any cost
-    assert length_buckets([]) == []
+    # budget 6: 3 + 2 = 5 fits, + 4 would be 9; 4 + 1 = 5; 600 alone (over budget); 1 alone after it
+    assert pack_rows([3, 2, 4, 1, 600, 1], max_tokens=6) == [[0, 1], [2, 3], [4], [5]]
+    assert pack_rows([3, 2, 4, 1], max_tokens=1) == [[0], [1], [2], [3]]  # one row a pack
+    assert pack_rows([3, 2, 4, 1], max_tokens=10) == [[0, 1, 2, 3]]  # exactly the budget
+    assert pack_rows([]) == []
 
 
-def test_length_buckets_partition_every_row_once() -> None:
-    import random
+@pytest.mark.parametrize("lengths,budget", [([0, 2], 4), ([2], 0)])
+def test_pack_rows_rejects_empty_rows_and_budgets(lengths: list[int], budget: int) -> None:
+    from ragen_rllib.core.prefix import pack_rows
 
-    from ragen_rllib.core.prefix import length_buckets
-
-    rng = random.Random(0)
-    for _ in range(200):
-        lengths = [rng.randint(0, 300) for _ in range(rng.randint(1, 20))]
-        cost = rng.choice([0, 1, 16, 64, 1000])
-        batches = length_buckets(lengths, cost)
-        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-        total = sum(len(b) * max(lengths[i] for i in b) + cost for b in batches)
-        assert total <= len(lengths) * max(lengths) + cost  # never worse than one padded batch
+    with pytest.raises(ValueError, match="pack_rows"):
+        pack_rows(lengths, max_tokens=budget)
 
 
-def test_length_buckets_rejects_a_negative_cost() -> None:
-    from ragen_rllib.core.prefix import length_buckets
+def test_packed_mask_hand_computed() -> None:
+    from ragen_rllib.core.prefix import packed_mask
 
-    with pytest.raises(ValueError, match="call_cost must be >= 0, got -1"):
-        length_buckets([1, 2], call_cost=-1)
+    # prefix of 2 tokens, then rows of 2 and 1 tokens: each sees the prefix, itself and its own earlier token
+    assert packed_mask([2, 1], prefix_len=2).int().tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1],
+    ]
+    # no prefix (rows sharing none): block-diagonal causal
+    assert packed_mask([1, 2]).int().tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
