@@ -73,6 +73,31 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.isfinite(torch.stack([n.float().cpu() for n in norms])).all())
 
 
+def clip_by_global_norm(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, bool]:
+    """RLlib's global-norm clipping (``ray.rllib.utils.torch_utils.clip_gradients``), in place, with
+    one foreach norm and one foreach multiply: each tensor's L2 norm (nan/inf mapped to -+1e9),
+    their L2 norm ``total`` (the same mapping), every tensor times ``min(1, max_norm / max(total +
+    1e-6, max_norm))``.
+
+    Args:
+        grads: gradient tensors (any shapes), scaled in place.
+        max_norm: the clip value (> 0).
+
+    Returns:
+        ``(total, finite)``: the pre-clip global norm (0-dim float tensor) and whether every
+        per-tensor norm was finite (no nan/inf element, and no norm beyond float32's range).
+    """
+    if not grads:
+        return torch.tensor(0.0), True
+    norms = torch.stack(torch._foreach_norm(grads))  # (n,)
+    finite = bool(torch.isfinite(norms).all())
+    total = torch.linalg.vector_norm(norms.nan_to_num(neginf=-10e8, posinf=10e8)).nan_to_num(neginf=-10e8,
+                                                                                            posinf=10e8)
+    coeff = torch.clamp(max_norm / torch.clamp(total + 1e-6, min=max_norm), max=1.0)
+    torch._foreach_mul_(grads, coeff)
+    return total, finite
+
+
 class TorchBackend:
     """RLlib's ``TorchLearner`` update path: torch AdamW per optimizer (registered with RLlib),
     gradients averaged over learners by one flat all-reduce, RLlib's per-optimizer clipping."""
@@ -110,14 +135,34 @@ class TorchBackend:
 
         # RLlib clips each optimizer's parameters by their own global norm (grad_clip_by="global_norm")
         # and logs gradients_<optimizer>_global_norm, which the Algorithm reports as <optimizer>/grad_norm.
-        return TorchLearner.postprocess_gradients(self.learner, gradients)
+        # RLlib takes one norm call and one multiply per tensor (~550 calls, ~0.1 s of a Bandit update
+        # here); the same formula with one foreach norm and one foreach multiply per optimizer. The
+        # per-tensor norms also say whether every gradient is finite, so `step` needs no pass of its own.
+        learner = self.learner
+        self._finite = None
+        configs = {mid: learner.config.get_config_for_module(mid) for mid in learner.module.keys()}
+        if any(c.grad_clip is None or c.grad_clip_by != "global_norm" for c in configs.values()):
+            return TorchLearner.postprocess_gradients(learner, gradients)  # other modes: RLlib's code
+        out: dict[Any, torch.Tensor] = {}
+        finite = True
+        for mid, cfg in configs.items():
+            for name, optimizer in learner.get_optimizers_for_module(mid):
+                part = learner.filter_param_dict_for_optimizer(gradients, optimizer)
+                grads = [g.detach() for g in part.values() if g is not None]
+                total, part_finite = clip_by_global_norm(grads, cfg.grad_clip)
+                finite = finite and part_finite
+                learner.metrics.log_value((mid, f"gradients_{name}_global_norm"), total, window=1)
+                out.update(part)
+        self._finite = finite
+        return out
 
     def step(self, gradients: dict[Any, torch.Tensor]) -> dict[str, float]:
         from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
         learner = self.learner
         plain = learner._lr_scheduler_classes is None and learner._grad_scalers is None
-        if plain and all_finite(list(gradients.values())):
+        finite, self._finite = getattr(self, "_finite", None), None  # from `clip`, when it ran
+        if plain and (finite if finite is not None else all_finite(list(gradients.values()))):
             # RLlib's apply_gradients checks every gradient with isfinite twice (4 full-size
             # temporaries per tensor each time): 0.6 s of a 3 s FrozenLake update here. One norm
             # per tensor proves the same (any nan/inf element makes its norm nan/inf), and on

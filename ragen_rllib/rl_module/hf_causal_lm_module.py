@@ -41,7 +41,8 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ragen_rllib.core.prefix import DEFAULT_PACK_TOKENS, PrefixGroup, pack_rows, packed_mask, plan_shared_prefixes
+from ragen_rllib.core.prefix import (DEFAULT_CALL_COST, DEFAULT_PACK_TOKENS, PrefixGroup, length_buckets, pack_rows,
+                                     packed_mask, plan_shared_prefixes)
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
 
@@ -77,8 +78,10 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
         self.share_prefix = bool(cfg.get("share_prefix", True))
-        # Most tokens of one packed forward call (``pack_rows``); exact for any value.
+        # Most tokens of one pack (``pack_rows``) and padded tokens one more forward batch of packs is
+        # worth (``length_buckets``); outputs are exact for any values.
         self.pack_tokens = int(cfg.get("pack_tokens", DEFAULT_PACK_TOKENS))
+        self.bucket_call_cost = int(cfg.get("bucket_call_cost", DEFAULT_CALL_COST))
         self.temperature = float(cfg.get("temperature", 1.0))
         if not self.temperature > 0:
             raise ValueError(f"model_config['temperature'] must be > 0, got {self.temperature!r}")
@@ -137,12 +140,14 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         forwarded once and its rows continue from its key/value cache (exact: a causal prefix's
         states do not depend on what follows). Positions past a row's length are zeros.
 
-        The rows continued from one prefix, and the rows sharing none, are packed end to end into
-        sequences of at most ``pack_tokens`` tokens (``pack_rows``), each forwarded as one row with
-        a mask that lets a token see the prefix and its own row only (``packed_mask``) and its own
-        positions: no padding, and the prefix's keys/values are not copied per row. The token
-        embeddings are looked up once for the whole batch: one (vocab, hidden) embedding gradient
-        per backward, not one per forward call."""
+        The rows continued from one prefix (and the rows sharing none) are first packed end to end
+        into sequences of at most ``pack_tokens`` tokens (``pack_rows``; a mask lets a token see the
+        prefix and its own row only, ``packed_mask``, and each token keeps its own position), then
+        the packs run in batches of similar length (``length_buckets``), the prefix's keys/values
+        repeated once per pack, not per row. Short replies (the Bandit's 5 tokens) share one pack;
+        long multi-turn rows are packs of their own, batched. The token embeddings are looked up
+        once for the whole batch: one (vocab, hidden) embedding gradient per backward, not one per
+        forward call."""
         if plan is None:
             return self._trunk(model, ids, attn)
         groups, alone = plan
@@ -154,21 +159,31 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         where = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T) index of each position's state in pieces
         done = 0
 
-        def packed(rows: list[int], start: int, cache: Any) -> None:
-            """Forward ``rows`` from position ``start`` (after ``cache``, the prefix, if any), packed."""
+        def run(rows: list[int], start: int, cache: Any) -> None:
+            """Forward ``rows`` from position ``start``, after ``cache`` (the prefix's; None: none)."""
             nonlocal done
-            for pack in pack_rows([lengths[r] - start for r in rows], self.pack_tokens):
-                rs = [rows[i] for i in pack]
-                x = torch.cat([emb[r, start:lengths[r]] for r in rs])[None]  # (1, q, H)
-                pos = torch.cat([torch.arange(start, lengths[r], device=dev) for r in rs])[None]  # (1, q)
-                mask = packed_mask([lengths[r] - start for r in rs], start, dev)[None, None]  # (1, 1, q, start + q)
-                h = base(inputs_embeds=x, attention_mask=mask, position_ids=pos,
-                         past_key_values=None if cache is None else _cache_view(cache),
-                         use_cache=cache is not None).last_hidden_state[0]  # (q, H)
-                for r in rs:
-                    where[r, start:lengths[r]] = torch.arange(done, done + lengths[r] - start)
-                    done += lengths[r] - start
-                pieces.append(h)
+            packs = [[rows[i] for i in p] for p in pack_rows([lengths[r] - start for r in rows], self.pack_tokens)]
+            sizes = [sum(lengths[r] - start for r in p) for p in packs]
+            for bucket in length_buckets(sizes, self.bucket_call_cost):
+                width = max(sizes[i] for i in bucket)
+                xs, poss, masks = [], [], []
+                for i in bucket:
+                    x = torch.cat([emb[r, start:lengths[r]] for r in packs[i]])  # (sizes[i], H)
+                    xs.append(torch.nn.functional.pad(x, (0, 0, 0, width - sizes[i])))
+                    pos = torch.cat([torch.arange(start, lengths[r], device=dev) for r in packs[i]])
+                    poss.append(torch.nn.functional.pad(pos, (0, width - sizes[i])))
+                    masks.append(packed_mask([lengths[r] - start for r in packs[i]], start, width, dev))
+                h = base(inputs_embeds=torch.stack(xs), attention_mask=torch.stack(masks)[:, None],
+                         position_ids=torch.stack(poss),
+                         past_key_values=None if cache is None else _repeated_cache(cache, len(bucket)),
+                         use_cache=cache is not None).last_hidden_state  # (packs, width, H)
+                for j, i in enumerate(bucket):
+                    at = done + j * width
+                    for r in packs[i]:
+                        where[r, start:lengths[r]] = torch.arange(at, at + lengths[r] - start)
+                        at += lengths[r] - start
+                pieces.append(h.reshape(-1, h.shape[-1]))
+                done += h.shape[0] * width
 
         for g in groups:
             pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len], attention_mask=attn[g.rows[:1], :g.prefix_len],
@@ -176,9 +191,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             pieces.append(pre.last_hidden_state[0])  # (P, H), shared by every row of the group
             where[g.rows, :g.prefix_len] = torch.arange(done, done + g.prefix_len)
             done += g.prefix_len
-            packed(g.rows, g.prefix_len, pre.past_key_values)
+            run(g.rows, g.prefix_len, pre.past_key_values)
         if alone:
-            packed(alone, 0, None)
+            run(alone, 0, None)
         flat = torch.cat([*pieces, pieces[0].new_zeros(1, pieces[0].shape[-1])])  # (done + 1, H); last row: padding
         where[where < 0] = done
         return flat[where.to(dev)]
@@ -289,12 +304,15 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         return {k: v for k, v in self.lm.state_dict().items()}
 
 
-def _cache_view(cache: Any) -> Any:
-    """A shallow copy of an HF ``Cache`` to continue a forward from: the forward's ``update``
-    rebinds the copy's layer tensors (concatenation), so the source stays the prefix alone and
-    several packs can continue from it, without copying its keys/values."""
+def _repeated_cache(cache: Any, n: int) -> Any:
+    """A copy of an HF ``Cache`` (batch 1) whose layers hold the keys/values repeated ``n`` times
+    (differentiable). The source cache is left as it was, so several batches can continue from it:
+    ``batch_repeat_interleave`` and the next forward's ``update`` both rebind a layer's tensors,
+    never write into them."""
     out = copy.copy(cache)
     out.layers = [copy.copy(layer) for layer in cache.layers]
+    if n > 1:
+        out.batch_repeat_interleave(n)
     return out
 
 

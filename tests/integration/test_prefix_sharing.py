@@ -56,22 +56,27 @@ def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("critic_type,pack_tokens", [("value_head", 512), ("separate", 512), (None, 512),
-                                                     ("value_head", 1), ("separate", 1), ("value_head", 24)])
+@pytest.mark.parametrize("critic_type,pack_tokens,call_cost", [
+    ("value_head", 512, 64), ("separate", 512, 64), (None, 512, 64), ("value_head", 1, 64), ("separate", 1, 0),
+    ("value_head", 24, 64), ("value_head", 24, 0)])
 def test_shared_prefix_forward_and_gradients_equal_the_unshared_ones(tiny_model_dir, critic_type, pack_tokens,
-                                                                     device) -> None:
+                                                                     call_cost, device) -> None:
     """pack_tokens 512: each prefix's rows packed into one sequence (and the lone row in one);
-    1: one row a pack (group A's three rows in three forward calls continued from one prefix
-    cache); 24: group A's rows in two packs (12 tokens, then 15 + 9)."""
-    from ragen_rllib.core.prefix import pack_rows, plan_shared_prefixes
+    1: one row a pack, group A's three packs in one padded batch (call cost 64) or in three forward
+    calls continued from one prefix cache (0); 24: group A's rows in two packs (12 tokens, then
+    15 + 9), padded into one batch (64) or run apart (0)."""
+    from ragen_rllib.core.prefix import length_buckets, pack_rows, plan_shared_prefixes
 
-    module = _module(tiny_model_dir, critic_type, pack_tokens=pack_tokens).to(device)
+    module = _module(tiny_model_dir, critic_type, pack_tokens=pack_tokens, bucket_call_cost=call_cost).to(device)
     ids, attn, mask = (t.to(device) for t in _multi_turn_batch(module.lm.config.vocab_size))
     groups, alone = plan_shared_prefixes(ids, attn, mask)
     assert [g.rows for g in groups] == [[0, 1, 2], [3, 4]] and alone == [5]
     assert groups[0].prefix_len == 14  # rows 0, 1 share more, row 2 only the prompt
     suffixes = [int(attn[r].sum()) - groups[0].prefix_len for r in groups[0].rows]
-    assert len(pack_rows(suffixes, pack_tokens)) == {512: 1, 1: 3, 24: 2}[pack_tokens]
+    packs = pack_rows(suffixes, pack_tokens)
+    assert len(packs) == {512: 1, 1: 3, 24: 2}[pack_tokens]
+    sizes = [sum(suffixes[i] for i in p) for p in packs]
+    assert len(length_buckets(sizes, call_cost)) == (len(packs) if call_cost == 0 else 1)
     w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2)).to(device) * mask
 
     def run(share: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

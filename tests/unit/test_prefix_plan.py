@@ -1,5 +1,5 @@
-"""``plan_shared_prefixes`` (which rows share which prefix), ``pack_rows`` / ``packed_mask`` (packed
-forward calls): hand-computed."""
+"""``plan_shared_prefixes`` (which rows share which prefix), ``length_buckets`` (forward batches),
+``pack_rows`` / ``packed_mask`` (rows packed into one sequence): hand-computed."""
 
 from __future__ import annotations
 
@@ -51,6 +51,41 @@ def test_short_or_single_prefixes_are_not_shared() -> None:
     assert groups == [PrefixGroup(rows=[0, 1], prefix_len=1)] and alone == [2]
 
 
+def test_length_buckets_hand_computed() -> None:
+    from ragen_rllib.core.prefix import length_buckets
+
+    # FrozenLake group after a 200-token prompt: suffixes of 100, 198, 104, 10 tokens.
+    # One batch: 4 x 198 + 64 = 856. {198} {104, 100} {10}: 198 + 2 x 104 + 10 + 3 x 64 = 608, the least
+    # ({198} {104, 100, 10}: 198 + 312 + 128 = 638; {198, 104, 100} {10}: 594 + 10 + 128 = 732).
+    assert length_buckets([100, 198, 104, 10], call_cost=64) == [[1], [0, 2], [3]]
+    assert length_buckets([100, 198, 104, 10], call_cost=0) == [[1], [2], [0], [3]]
+    assert length_buckets([100, 198, 104, 10], call_cost=10**9) == [[0, 1, 2, 3]]
+    assert length_buckets([5, 5, 5, 5]) == [[0, 1, 2, 3]]  # equal lengths: one batch at any cost
+    assert length_buckets([]) == []
+
+
+def test_length_buckets_partition_every_row_once() -> None:
+    import random
+
+    from ragen_rllib.core.prefix import length_buckets
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(0, 300) for _ in range(rng.randint(1, 20))]
+        cost = rng.choice([0, 1, 16, 64, 1000])
+        batches = length_buckets(lengths, cost)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        total = sum(len(b) * max(lengths[i] for i in b) + cost for b in batches)
+        assert total <= len(lengths) * max(lengths) + cost  # never worse than one padded batch
+
+
+def test_length_buckets_rejects_a_negative_cost() -> None:
+    from ragen_rllib.core.prefix import length_buckets
+
+    with pytest.raises(ValueError, match="call_cost must be >= 0, got -1"):
+        length_buckets([1, 2], call_cost=-1)
+
+
 def test_pack_rows_hand_computed() -> None:
     from ragen_rllib.core.prefix import pack_rows
 
@@ -80,3 +115,12 @@ def test_packed_mask_hand_computed() -> None:
     ]
     # no prefix (rows sharing none): block-diagonal causal
     assert packed_mask([1, 2]).int().tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
+    # padded to width 4 after a 1-token prefix: each pad sees only itself, and nothing sees a pad
+    assert packed_mask([1, 1], prefix_len=1, width=4).int().tolist() == [
+        [1, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1],
+    ]
+    with pytest.raises(ValueError, match="width 1 < the 2 packed tokens"):
+        packed_mask([1, 1], width=1)

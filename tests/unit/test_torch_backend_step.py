@@ -50,3 +50,28 @@ def test_step_equals_rllibs_apply_gradients(poison) -> None:
         assert torch.equal(ours._params[pid], rllib._params[pid]), pid
         assert ours._params[pid].grad is None  # freed after the step
     assert all(torch.isfinite(q).all() for q in ours._params.values())
+
+
+@pytest.mark.parametrize("scale,poison", [(1.0, None), (100.0, None), (1.0, float("nan")), (1.0, float("inf"))])
+def test_clip_by_global_norm_equals_rllibs_clip_gradients(scale: float, poison: float | None) -> None:
+    """Same pre-clip norm and clipped gradients as RLlib's global-norm clipping (scale 100: the
+    norm is far above the clip value, so every tensor is scaled down); nan/inf: not finite."""
+    from ray.rllib.utils.torch_utils import clip_gradients
+
+    from ragen_rllib.algorithms.starpo.backends import clip_by_global_norm
+
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(shape, generator=g) * scale for shape in [(7, 5), (3,), (2, 2, 2)]]
+    if poison is not None:
+        grads[1][0] = poison
+    ours = [t.clone() for t in grads]
+    rllib = {i: t.clone() for i, t in enumerate(grads)}
+    total, finite = clip_by_global_norm(ours, 1.0)
+    rllib_total = clip_gradients(rllib, grad_clip=1.0, grad_clip_by="global_norm")
+    assert finite is (poison is None)
+    torch.testing.assert_close(total, rllib_total, rtol=1e-6, atol=0.0)
+    for i, t in enumerate(ours):
+        torch.testing.assert_close(t, rllib[i], rtol=1e-6, atol=0.0, equal_nan=True)
+    if poison is None and scale == 100.0:
+        assert abs(float(torch.linalg.vector_norm(torch.cat([t.flatten() for t in ours]))) - 1.0) < 1e-5
+    assert clip_by_global_norm([], 1.0) == (torch.tensor(0.0), True)
