@@ -3,16 +3,18 @@
 Every number comes from real ``algo.train()`` iterations (``StarPO.training_step``: sample ->
 store -> filter -> advantages -> update -> sync), built exactly as ``ragen-rllib train`` builds
 them (``load_experiment`` -> ``build_config(...).build_algo()``), with validation off
-(``starpo.test_freq=0``), no format warm-up, no checkpoints and no MLflow. One Ray instance
+(``starpo.test_freq=0``), no checkpoints and no MLflow, and no format warm-up except in the
+"warmed up" configuration. One Ray instance
 (``ray.init(num_cpus=2)``) serves the whole script; each configuration gets a fresh algorithm,
 runs ``--iterations`` iterations (default 6) and is stopped. The first iteration of each
 configuration is dropped (it builds the vLLM engine and warms up its batch shapes); the tables show
 medians of the rest. Iteration wall time is measured around ``algo.train()``.
 
-1. **Stages** (Bandit and FrozenLake ``cpu`` profiles): medians of the stage timers the algorithm
-   logs (``time/generate``: engine generate calls; ``time/env``: env resets/steps, reply parsing and
-   prompt tokenisation inside sampling; ``time/advantages``, ``time/update``, ``time/sync``,
-   ``time/store``, ``time/filter``), and the **overhead**:
+1. **Stages** (Bandit and FrozenLake ``cpu`` profiles; FrozenLake twice: untrained, whose replies
+   run to the 48-token limit, and after the profile's own format warm-up, as in training): medians
+   of the stage timers the algorithm logs (``time/generate``: engine generate calls; ``time/env``:
+   env resets/steps, reply parsing and prompt tokenisation inside sampling; ``time/advantages``,
+   ``time/update``, ``time/sync``, ``time/store``, ``time/filter``), and the **overhead**:
    ``iteration wall - (generate + env + advantages + update + sync)`` (advantages counts as learner
    work). It holds RLlib's ``train()`` wrapper and Ray, the sampling glue (runner call, row merge,
    checks) and our store/filter stages; each part is shown. Goal: overhead <= 10% of the wall time.
@@ -80,6 +82,7 @@ class RunSpec:
     experiment: str
     overrides: tuple[str, ...]
     profile: str = PROFILE
+    warm_up: bool = False  # run the experiment's supervised warm-up before the measured iterations
 
     def command(self, iterations: int, extra: Sequence[str] = ()) -> str:
         """The equivalent ``ragen-rllib train`` command line (which would also warm up and checkpoint)."""
@@ -116,6 +119,15 @@ def frozen_stage_spec(quick: bool) -> RunSpec:
     return RunSpec("frozen_lake profile", FROZEN, over)
 
 
+def frozen_trained_spec(quick: bool) -> RunSpec:
+    """The FrozenLake ``cpu`` profile as ``ragen-rllib train`` runs it: its format warm-up first,
+    so replies are the short formatted ones of training, not the untrained model's 48-token ones
+    (the regime of the issue's 17 s baseline). ``quick``: smaller, 2 warm-up steps."""
+    over = ("starpo.env_groups=2", "starpo.group_size=2", "starpo.max_turns=2", "warmup.steps=2",
+            f"starpo.ppo_mini_batch_size={_kept_rows(2, 2, FROZEN)}") if quick else ()
+    return RunSpec("frozen_lake warmed up", FROZEN, over, warm_up=True)
+
+
 def frozen_turns_spec(max_turns: int, quick: bool) -> RunSpec:
     """The FrozenLake ``cpu`` profile at ``max_turns``, action budget 100 (``max_turns`` binds)."""
     size = ("starpo.env_groups=2", "starpo.group_size=2",
@@ -130,7 +142,8 @@ def plan(sections: Sequence[str], quick: bool) -> dict[str, list[tuple[int | Non
     turns = (1, 2, 3) if quick else (1, 3, 5)
     out: dict[str, list[tuple[int | None, RunSpec]]] = {}
     if "stages" in sections:
-        out["stages"] = [(None, bandit_spec(16 if quick else 64)), (None, frozen_stage_spec(quick))]
+        out["stages"] = [(None, bandit_spec(16 if quick else 64)), (None, frozen_stage_spec(quick)),
+                         (None, frozen_trained_spec(quick))]
     if "trajectories" in sections:
         out["trajectories"] = [(n, bandit_spec(n)) for n in traj]
     if "turns" in sections:
@@ -148,7 +161,7 @@ def measure(spec: RunSpec, iterations: int, run_dir: Path, extra: Sequence[str] 
         ``{"build_s", "iterations": [per-iteration flat metrics + derived times], "median": {...},
         "env_from_runner": bool}``; the first iteration is excluded from the medians (unless it is the only one).
     """
-    from ragen_rllib.algorithms.starpo.train import build_config, flat_metrics, load_experiment
+    from ragen_rllib.algorithms.starpo.train import Experiment, build_config, flat_metrics, load_experiment
 
     sets = [f"iterations={iterations}", "starpo.test_freq=0", f"run_dir={run_dir}", *spec.overrides, *extra]
     cfg = load_experiment(ROOT / spec.experiment, spec.profile, sets)
@@ -157,7 +170,14 @@ def measure(spec: RunSpec, iterations: int, run_dir: Path, extra: Sequence[str] 
     algo = build_config(cfg, name).build_algo()
     build_s = time.perf_counter() - t0
     history: list[dict[str, float]] = []
+    warmup_s = 0.0
     try:
+        w = Experiment.from_dict(cfg).warmup
+        if spec.warm_up and w.steps:
+            t0 = time.perf_counter()
+            algo.warmup(w.steps, w.kind, groups=w.groups, group_size=w.group_size, lr=w.lr)
+            warmup_s = time.perf_counter() - t0
+            log(f"  [{spec.label}] warm-up: {w.steps} supervised steps on {w.kind} demonstrations, {warmup_s:.1f}s")
         for i in range(iterations):
             t0 = time.perf_counter()
             result = algo.train()
@@ -179,6 +199,7 @@ def measure(spec: RunSpec, iterations: int, run_dir: Path, extra: Sequence[str] 
         median["time/iteration"], 1e-12)
     return {"label": spec.label, "experiment": spec.experiment, "profile": spec.profile,
             "overrides": [*spec.overrides, *extra], "command": spec.command(iterations, extra), "build_s": build_s,
+            "warm_up": spec.warm_up, "warmup_s": warmup_s,
             "iterations": history, "median": median, "env_from_runner": all("time/env" in h for h in history),
             "medians_over": len(kept)}
 
@@ -418,7 +439,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("=" * 100)
     kept_at = f" kept at {run_dir}" if args.keep_runs else ""
     print("configurations (equivalent ragen-rllib train commands; this script calls algo.train() directly: "
-          f"no warm-up, checkpoints or MLflow; run_dir was a temporary folder{kept_at}):")
+          "no warm-up unless the label says 'warmed up', no checkpoints or MLflow; run_dir was a temporary "
+          f"folder{kept_at}):")
     for r in report["runs"]:
         print(f"  {r['label']:<24} build {r['build_s']:5.1f}s  {r['command']}")
     total = time.perf_counter() - t_script
