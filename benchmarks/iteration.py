@@ -15,8 +15,9 @@ medians of the rest. Iteration wall time is measured around ``algo.train()``.
    of the stage timers the algorithm logs (``time/generate``: engine generate calls; ``time/env``:
    env resets/steps, reply parsing and prompt tokenisation inside sampling; ``time/advantages``,
    ``time/update``, ``time/sync``, ``time/store``, ``time/filter``), and the **overhead**:
-   ``iteration wall - (generate + env + advantages + update + sync)`` (advantages counts as learner
-   work). It holds RLlib's ``train()`` wrapper and Ray, the sampling glue (runner call, row merge,
+   ``iteration wall - (generate + env + advantages + update + sync + mi)`` (advantages counts as
+   learner work; ``mi`` is RAGEN-2's collapse diagnostic, run every ``mi_every`` iterations: our
+   work, not RLlib's). It holds RLlib's ``train()`` wrapper and Ray, the sampling glue (runner call, row merge,
    checks) and our store/filter stages; each part is shown. Goal: overhead <= 10% of the wall time.
 2. **Trajectories**: the Bandit profile at 16, 64 and 256 trajectories per iteration (``env_groups``
    2, 8, 32 x ``group_size`` 8). The StarPO-S filter keeps 25% of the groups; the mini-batch is set
@@ -69,9 +70,9 @@ SECTIONS = ("stages", "trajectories", "turns")
 OVERHEAD_GOAL = 0.10  # overhead share of the iteration wall time
 SUPERLINEAR_SHARE = 0.15  # c*n^2 share of t(n_max) above which a series is flagged super-linear
 #: Learner-side and engine-side work: everything else in an iteration is overhead.
-WORK = ("generate", "env", "advantages", "update", "sync")
+WORK = ("generate", "env", "advantages", "update", "sync", "mi")
 #: Stage timers of ``StarPO.training_step`` (seconds, ``time/<name>``).
-STEP_TIMERS = ("validate", "sample", "store", "filter", "advantages", "update", "sync")
+STEP_TIMERS = ("validate", "sample", "store", "mi", "filter", "advantages", "update", "sync")
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def _derive(m: dict[str, float]) -> dict[str, float]:
     env = m["time/env"] if "time/env" in m else max(0.0, t["sample"] - t["generate"])
     work = sum({**t, "env": env}[k] for k in WORK)
     d = dict(m)
+    d["time/mi"] = t["mi"]  # 0 in the iterations that did not run the diagnostic
     d["derived/env"] = env
     d["derived/learner"] = t["advantages"] + t["update"]
     d["derived/work"] = work
@@ -280,7 +282,8 @@ def stage_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             ("  advantages", "time/advantages"),
             ("  update", "time/update"),
             ("  sync (learner -> engine weights)", "time/sync"),
-            ("  = work: generate+env+adv+update+sync", "derived/work"),
+            ("  MI diagnostic (every mi_every its)", "time/mi"),
+            ("  = work: generate+env+adv+update+sync+mi", "derived/work"),
             ("  overhead = wall - work", "derived/overhead"),
             ("    sampling glue (sample-generate-env)", "derived/sample_glue"),
             ("    store + filter stages", "derived/store_filter"),
@@ -303,6 +306,11 @@ def stage_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             ("sampled tokens / turn", "rollout/tokens_per_turn"), ("kept groups (filter)", "filter/kept_groups")]
     for name, key in info:
         out.append(f"{name:<42}" + "".join(f"{_g(r, key):>24.3g}" for r in runs))
+    for r in runs:
+        ran = [h["time/mi"] for h in r["iterations"][1:] if h.get("time/mi", 0.0) > 0]
+        if ran:
+            out.append(f"{r['label']}: the MI diagnostic ran in {len(ran)} of {len(r['iterations'][1:])} kept "
+                       f"iterations, {statistics.median(ran):.2f}s each (in those iterations' wall time)")
     if any(not r["env_from_runner"] for r in runs):
         out.append("NOTE: time/env is not logged by this algorithm.py: env = sample - generate (an upper bound that "
                    "also holds the runner call and row merge). algorithm.py should log time/env from the runners' "

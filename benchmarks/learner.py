@@ -9,6 +9,9 @@ optimizer step on it per repetition; medians over ``--reps`` after one warm-up r
    loss, grad clip, AdamW), as ``training_step`` runs them; the defaults: shared prefixes, old
    log-probs and values from the update's own forward.
 2. **ours, unshared**: the same with ``share_prefix`` off (every row forwards its own prompt).
+   **ours, rows unpacked**: shared prefixes, but ``pack_tokens=1``: every row continued from a
+   prefix is a pack of its own, so the rows run as padded batches over a per-row copy of the
+   prefix's keys/values (the learner before packing).
 3. **ours, separate old-log-prob pass**: ``reuse_update_forward`` off (a no-grad pass first).
 4. **bare torch**: the same model, value head, autocast setting (the profile's ``bf16_autocast: auto``:
    bf16 where the CPU has bf16 instructions, fp32 elsewhere) and fused AdamW in a hand-written loop
@@ -158,9 +161,10 @@ def main() -> None:
     print(f"learner device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", backend {type(learner._backend).__name__}, bf16 autocast {module.bf16_autocast_on(device.type)}")
 
-    def ours(share: bool, reuse: bool) -> Callable[[], Any]:
+    def ours(share: bool, reuse: bool, pack_tokens: int = p.pack_tokens) -> Callable[[], Any]:
         def step() -> None:
             module.share_prefix = share
+            module.pack_tokens = pack_tokens
             algo.config._is_frozen = False
             algo.config.starpo = dataclasses.replace(p, reuse_update_forward=reuse)
             algo.config._is_frozen = True
@@ -170,6 +174,7 @@ def main() -> None:
 
     results = {"ours": _median_s(ours(True, True), args.reps, device),
                "ours, unshared": _median_s(ours(False, True), args.reps, device),
+               "ours, rows unpacked": _median_s(ours(True, True, pack_tokens=1), args.reps, device),
                "ours, separate old-logp pass": _median_s(ours(True, False), args.reps, device)}
     peak = {}
     if device.type == "cuda":
@@ -210,6 +215,8 @@ def main() -> None:
         print(f"peak GPU memory allocated, {k}: {v / 2**30:.2f} GiB")
     print(f"\nlearner / bare torch: {results['bare torch'] / results['ours']:.2f}x (goal >= 0.9)")
     print(f"prefix-shared vs unshared update: {results['ours, unshared'] / results['ours']:.2f}x faster")
+    print(f"rows packed (pack_tokens={p.pack_tokens}) vs unpacked: "
+          f"{results['ours, rows unpacked'] / results['ours']:.2f}x faster")
     print(f"update forward reused vs separate old-logp pass: "
           f"{results['ours, separate old-logp pass'] / results['ours']:.2f}x faster")
     print(f"\ncommand: {' '.join(['benchmarks/learner.py', *sys.argv[1:]])}; "
