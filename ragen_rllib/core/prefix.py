@@ -9,9 +9,9 @@ earlier turns: a trajectory is one token sequence, forwarded once.
 
 ``plan_shared_prefixes`` decides which rows share which prefix; ``pack_rows`` splits the rows
 continued from one prefix (or the rows sharing none) into packs forwarded as one sequence each, and
-``packed_mask`` keeps the packed rows apart: no padding (a 1-turn and a 3-turn FrozenLake episode
-of one group are not padded to the same length) and no per-row copy of the prefix's keys and
-values. The model code only executes the plan.
+``packed_mask`` keeps the packed rows apart (no per-row copy of the prefix's keys and values), and
+``length_buckets`` batches packs of similar length (a 1-turn and a 3-turn FrozenLake episode of one
+group are not padded to the same length). The model code only executes the plan.
 """
 
 from __future__ import annotations

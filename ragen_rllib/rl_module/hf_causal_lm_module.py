@@ -148,7 +148,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         long multi-turn rows are packs of their own, batched. The token embeddings are looked up
         once for the whole batch: one (vocab, hidden) embedding gradient per backward, not one per
         forward call."""
-        if plan is None:
+        if plan is None or not (plan[0] or plan[1]):  # not sharing, or no rows at all
             return self._trunk(model, ids, attn)
         groups, alone = plan
         base = _base_model(model)
