@@ -173,8 +173,8 @@ def measure(spec: RunSpec, iterations: int, run_dir: Path, extra: Sequence[str] 
     history: list[dict[str, float]] = []
     warmup_s = 0.0
     try:
-        w = Experiment.from_dict(cfg).warmup
-        if spec.warm_up and w.steps:
+        w = Experiment.from_dict(cfg).warmup if spec.warm_up else None
+        if w is not None and w.steps:
             t0 = time.perf_counter()
             algo.warmup(w.steps, w.kind, groups=w.groups, group_size=w.group_size, lr=w.lr)
             warmup_s = time.perf_counter() - t0

@@ -148,8 +148,9 @@ class StarPOParams:
     bf16_autocast: bool | str = False
     # --- learner speed (exact: same log-probs, values and gradients, tested)
     share_prefix: bool = True  # a prefix shared by several rows (a group's first prompt) is forwarded once
-    # Rows continued from one shared prefix are packed into forward calls of at most this many tokens
-    # (one row each, a mask keeping rows apart): no padding, no per-row copy of the prefix's keys/values.
+    # Rows continued from one shared prefix are packed into sequences of at most this many tokens (a
+    # mask keeps the rows apart); packs of similar length run as one batch, the prefix's keys/values
+    # repeated per pack, not per row.
     pack_tokens: int = 512
     # With one epoch, one mini-batch and one micro-batch (StarPO-S on the CPU profiles), the old
     # log-probs and values are the update's own forward, detached (as verl / TRL): no second forward.

@@ -127,9 +127,9 @@ def length_buckets(lengths: Sequence[int], call_cost: int = DEFAULT_CALL_COST) -
     return batches[::-1]
 
 
-#: Most tokens of one packed forward call (``pack_rows``). Packing trades padding and repeated
-#: prefix keys/values for attention over the whole pack: a pack of q tokens after a prefix of P
-#: computes q x (P + q) attention scores where separate rows would compute the sum of their own.
+#: Most tokens of one pack (``pack_rows``), one row of a forward batch. Packing trades padding and
+#: repeated prefix keys/values for attention over the whole pack: a pack of q tokens after a prefix
+#: of P computes q x (P + q) attention scores where separate rows would compute the sum of their own.
 DEFAULT_PACK_TOKENS = 512
 
 
