@@ -379,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--model", default=None, help="override starpo.model in every configuration (name or folder)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write every number to this JSON file")
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' trajectory files (printed folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="experiment override for every configuration, as `ragen-rllib train --set` (repeatable)")
     args = ap.parse_args(argv)
     from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
 
@@ -399,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.iterations < 2:
         print("WARNING: with 1 iteration the medians include the engine warm-up iteration", flush=True)
     run_dir = Path(tempfile.mkdtemp(prefix="ragen_iteration_"))
-    extra: list[str] = []
+    extra: list[str] = list(args.set)
     if args.model:
         extra.append(f"starpo.model={args.model}")
     elif args.quick:  # the code paths, fast: a random 2-layer Llama with the embedded model's tokenizer

