@@ -36,13 +36,14 @@ turns series is also fitted against the mean turns episodes actually took (when 
 Run (the full measurement; one run prints everything)::
 
     .venv/bin/python benchmarks/iteration.py [--iterations 6] [--only stages,trajectories,turns]
-        [--json runs/iteration.json]
+        [--json runs/iteration.json] [--set starpo.engine_compile=true ...]
 
 Smoke test: ``.venv/bin/python benchmarks/iteration.py --quick --iterations 2`` (tiny sizes and, unless
 ``--model`` is given, a tiny random 2-layer model: it checks the code paths, its times mean nothing).
-``--model`` replaces ``starpo.model`` everywhere. ``--only`` is repeatable or a comma list. ``--json PATH``
-writes every number (per-iteration metrics included). The equivalent ``ragen-rllib train`` command of each configuration
-and the script's total wall time are printed at the end.
+``--model`` replaces ``starpo.model`` everywhere; ``--set KEY=VALUE`` adds an override to every
+configuration. ``--only`` is repeatable or a comma list. ``--json PATH`` writes every number
+(per-iteration metrics included). The equivalent ``ragen-rllib train`` command of each
+configuration and the script's total wall time are printed at the end.
 """
 
 from __future__ import annotations
