@@ -14,7 +14,7 @@ A ``policy_version`` is only ever adopted together with the weights it names.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -160,11 +160,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             close()
 
     # ----------------------------------------------------------- weight sync
-    def load_policy(self, weights: dict[str, Any] | ray.ObjectRef, policy_version: int) -> dict[str, Any]:
+    def load_policy(self, weights: Mapping[str, Any] | ray.ObjectRef, policy_version: int) -> dict[str, Any]:
         """Load HF-named policy weights into the engine and adopt ``policy_version``.
 
         Args:
-            weights: ``{hf_name: numpy array or tensor}`` (fp32 as the learner holds them), or a
+            weights: ``{hf_name: numpy array or tensor}`` (fp32 as the learner holds them; a mapping,
+                read once, in order), or a
                 Ray ``ObjectRef`` to such a dict: the algorithm puts the weights into the object
                 store once and every runner fetches the same object (zero-copy for numpy).
             policy_version: the version the algorithm stamps on these weights.
@@ -180,13 +181,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             weights = ray.get(weights)
         else:
             self.weights_object_id = None
-        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v)))
-                   for k, v in weights.items()}
+        # Converted per tensor as the engine reads them: a LazyMapping (LoRA, in-process learner)
+        # then builds one merged weight at a time.
+        tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v)))
+                   for k, v in weights.items())
         self.policy_version = int(policy_version)
         if self._engine is None:  # engine not built yet: load on first use
-            self._pending_weights = (tensors, self.policy_version)
+            self._pending_weights = (dict(tensors), self.policy_version)
         else:
-            self._engine.load_weights(tensors.items(), self.policy_version)
+            self._engine.load_weights(tensors, self.policy_version)
         return {**self.policy_info(), "load_s": time.perf_counter() - t0}
 
     def policy_info(self) -> dict[str, Any]:

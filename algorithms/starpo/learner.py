@@ -21,7 +21,7 @@ stepped once per training iteration by the Algorithm (``apply_lr_schedule``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from ragen_rllib.algorithms.starpo.backends import LearnerBackend, TorchBackend
 from ragen_rllib.algorithms.starpo.update_batch import Mode
 from ragen_rllib.core import starpo as S
 from ragen_rllib.hardware import resolve_bf16
+from ragen_rllib.lazy import map_values
 
 #: Batch key (any (B,) column) asking the RLModule to skip its own forward (see module docstring).
 DEFER_FORWARD = "defer_forward"
@@ -241,13 +242,16 @@ class StarPOLearner(TorchLearner):
         finally:
             module.lm = lm
 
-    def policy_weights(self) -> dict[str, np.ndarray]:
+    def policy_weights(self) -> Mapping[str, np.ndarray]:
         """The policy's HF-named weights as numpy (what env-runner engines load).
 
+        With LoRA a ``LazyMapping``: each merged weight is built when read (one at a time during a
+        sync) and the whole mapping becomes a plain dict when pickled (a remote learner's reply, a
+        Ray object). Read it before the next update: it reflects the weights at read time.
         Under DeepSpeed ZeRO-3 every learner must call this together (parameter gathering).
         """
         state = self._backend.policy_state(self._policy_module().policy_state_dict)
-        return {k: v.detach().cpu().numpy() for k, v in state.items()}
+        return map_values(state, lambda v: v.detach().cpu().numpy())
 
     def apply_lr_schedule(self, factor: float) -> dict[str, float]:
         """Set every optimizer's LR to its base LR × ``factor`` (from ``S.lr_multiplier``)."""

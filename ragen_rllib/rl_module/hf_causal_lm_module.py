@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
+from ragen_rllib.lazy import LazyMapping
 from ragen_rllib.core.prefix import (DEFAULT_CALL_COST, DEFAULT_PACK_TOKENS, PrefixGroup, length_buckets, pack_rows,
                                      packed_mask, plan_shared_prefixes)
 
@@ -291,16 +293,16 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             state = {k: v for k, v in state.items() if not k.startswith(drop)}
         return convert_to_numpy(state, reduce_type=False)
 
-    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+    def policy_state_dict(self) -> Mapping[str, torch.Tensor]:
         """The policy's weights under their HF names (what the engines load).
 
         Returns:
             ``{hf_name: tensor}`` with exactly the keys, shapes and dtypes of the plain HF model's
-            ``state_dict()``; with LoRA, adapters merged (new tensors for adapted layers, the
-            module's own weights untouched).
+            ``state_dict()``; with LoRA, adapters merged (new tensors for adapted layers, each
+            built when read: ``merged_lora_state``; the module's own weights untouched).
         """
         if self.lora_rank > 0:
-            return merged_lora_state_dict(self.lm, dtype=torch.float32)  # the dtype the model is loaded in
+            return merged_lora_state(self.lm, dtype=torch.float32)  # the dtype the model is loaded in
         return {k: v for k, v in self.lm.state_dict().items()}
 
 
@@ -353,15 +355,16 @@ def _wrap_lora(lm: nn.Module, rank: int, alpha: float, dropout: float, targets: 
     return model
 
 
-@torch.no_grad()
-def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The merged weights of a LoRA ``PeftModel`` under the plain HF names, without merging in place.
+def merged_lora_state(model: nn.Module, dtype: torch.dtype | None = None) -> LazyMapping[str, torch.Tensor]:
+    """The merged weights of a LoRA ``PeftModel`` under the plain HF names, each merged when read.
 
-    Each adapted layer ``N`` holds ``N.base_layer.*`` (frozen W, b) and ``N.lora_A/B.*``; the result
-    has ``N.weight = W + sum over active, unmerged adapters of get_delta_weight (scaling * B @ A)``
-    and ``N.bias = b``, adapter tensors dropped. Computing the delta out of place (instead of
-    peft's ``merge_adapter()`` / ``unmerge_adapter()``) keeps the frozen W bit-exact across syncs:
-    W + d - d drifts by rounding.
+    Each adapted layer ``N`` holds ``N.base_layer.*`` (frozen W, b) and ``N.lora_A/B.*``; reading
+    ``N.weight`` returns ``W + sum over active, unmerged adapters of get_delta_weight (scaling * B @ A)``
+    as a new tensor, ``N.bias`` returns ``b``, and adapter tensors are not keys. Computing the delta
+    out of place (instead of peft's ``merge_adapter()`` / ``unmerge_adapter()``) keeps the frozen W
+    bit-exact across syncs: W + d - d drifts by rounding. Merging per read keeps one merged layer
+    alive at a time during a weight sync (``ragen_rllib.lazy``); each read sees the weights as they
+    are then.
 
     Args:
         model: a ``peft.PeftModel`` with LoRA adapters.
@@ -375,17 +378,26 @@ def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -
 
     hf = _unwrap_peft(model)
     layers = {name: mod for name, mod in hf.named_modules() if isinstance(mod, LoraLayer)}
-    out: dict[str, torch.Tensor] = {}
-    for key, value in hf.state_dict().items():
+    state = hf.state_dict()  # references to the live tensors, no copies
+    plan: dict[str, tuple[str, str | None, str]] = {}  # hf name -> (state key, adapted layer or None, name)
+    for key in state:
         parts = key.split(".")
         owner = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in layers), None)
         if owner is None:
-            out[key] = value
+            plan[key] = (key, None, key)
             continue
         rest = key[len(owner) + 1:]
         if not rest.startswith("base_layer."):
             continue  # lora_A / lora_B / dropout state of this layer: not an HF weight
         name = rest[len("base_layer."):]
+        plan[f"{owner}.{name}"] = (key, owner, name)
+
+    @torch.no_grad()
+    def merged(hf_name: str) -> torch.Tensor:
+        key, owner, name = plan[hf_name]
+        value = state[key]
+        if owner is None:
+            return value
         layer = layers[owner]
         want = value.dtype if dtype is None else dtype
         if name == "weight" and not layer.disable_adapters:
@@ -395,8 +407,14 @@ def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -
                 assert adapter not in layer.lora_variant, (
                     f"{owner}: LoRA variant {adapter!r} (DoRA, ...) not merged here")
                 value = value.float() + layer.get_delta_weight(adapter).float()
-        out[f"{owner}.{name}"] = value.to(want)
-    return out
+        return value.to(want)
+
+    return LazyMapping(plan, merged)
+
+
+def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``merged_lora_state`` with every merged tensor built now (a plain dict)."""
+    return dict(merged_lora_state(model, dtype).items())
 
 
 __all__ = ["HFCausalLMModule", "POLICY_PREFIX"]

@@ -389,7 +389,10 @@ def test_vllm_tiny_load_weights(vllm_tiny, fresh_hf_tiny) -> None:
     before = [g.token_ids for g in vllm_tiny.generate(TINY_PROMPTS, params)]
     original = {k: v.clone() for k, v in fresh_hf_tiny.model.state_dict().items()}
     new = perturbed_state_dict(fresh_hf_tiny.model, scale=0.2)
-    vllm_tiny.load_weights(new.items(), policy_version=3)
+    pairs = iter(new.items())  # read once, as a weight sync streams them (in-process engine core)
+    assert not vllm_tiny.multiprocessing
+    vllm_tiny.load_weights(pairs, policy_version=3)
+    assert next(pairs, None) is None
     print(f"\nVLLMEngine tiny weight push {vllm_tiny.last_load_seconds * 1e3:.0f} ms")
     assert vllm_tiny.policy_version == 3
     assert vllm_tiny.last_load_seconds < 2.0

@@ -125,6 +125,44 @@ def test_merged_weights_equal_peft_merge_and_plain_model_logp(tiny_model_dir) ->
     assert float((got["values"][:, 1:] - values).abs().max()) <= 1e-5
 
 
+def test_merged_weights_are_built_per_read_and_pickle_as_a_plain_dict(tiny_model_dir) -> None:
+    pytest.importorskip("peft", reason=PEFT_REASON)
+    import pickle
+
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    from ragen_rllib.lazy import LazyMapping
+    from ragen_rllib.rl_module.hf_causal_lm_module import merged_lora_state_dict
+
+    torch.manual_seed(0)
+    m = _module(tiny_model_dir, lora_rank=4, lora_alpha=8.0)
+    with torch.no_grad():  # adapters away from zero, so that merging changes the weights
+        for q in m.lm.parameters():
+            if q.requires_grad:
+                q.add_(0.05 * torch.randn_like(q))
+    merges: list[str] = []
+    for name, mod in m.lm.named_modules():
+        if isinstance(mod, LoraLayer):
+            def counted(adapter, _name=name, _orig=mod.get_delta_weight):
+                merges.append(_name)
+                return _orig(adapter)
+            mod.get_delta_weight = counted
+
+    state = m.policy_state_dict()
+    assert isinstance(state, LazyMapping) and merges == []  # keys only: nothing merged yet
+    eager = merged_lora_state_dict(m.lm, dtype=torch.float32)
+    n_adapted = len(merges)
+    assert n_adapted > 0
+    merges.clear()
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(state[key], eager[key]) and len(merges) == 1  # one read, one layer merged
+    copied = pickle.loads(pickle.dumps(state))  # what a Ray object or a remote learner's reply holds
+    assert type(copied) is dict and list(copied) == list(eager) == list(state)
+    assert all(torch.equal(copied[k], eager[k]) for k in eager)
+    assert len(merges) == 1 + n_adapted
+
+
 def test_bf16_autocast_stores_frozen_base_in_bf16_with_the_same_outputs(tiny_model_dir, monkeypatch) -> None:
     """Under bf16 autocast the LoRA base linears' frozen weights are kept in bf16 (one copy, not a
     cast per use saved for the backward): log-probs, values and adapter gradients are those of the
