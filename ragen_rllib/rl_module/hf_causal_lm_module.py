@@ -69,7 +69,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
         cfg = self.model_config
         path = cfg["model_path"]
-        self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        self.lm = _own_memory(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True))
         self.lora_rank = int(cfg.get("lora_rank", 0))
         if self.lora_rank > 0:
             self.lm = _wrap_lora(self.lm, rank=self.lora_rank, alpha=float(cfg.get("lora_alpha", 16.0)),
@@ -89,7 +89,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
             raise ValueError(f"model_config['temperature'] must be > 0, got {self.temperature!r}")
         hidden = self.lm.config.hidden_size
         if self.critic_type == "separate":
-            self.critic_trunk = AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+            self.critic_trunk = _own_memory(AutoModel.from_pretrained(path, dtype=torch.float32,
+                                                                      local_files_only=True))
         if self.critic_type in ("separate", "value_head"):
             g = torch.Generator().manual_seed(int(cfg.get("seed", 0)))
             self.value_head = nn.Linear(hidden, 1)
@@ -304,6 +305,22 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         if self.lora_rank > 0:
             return merged_lora_state(self.lm, dtype=torch.float32)  # the dtype the model is loaded in
         return {k: v for k, v in self.lm.state_dict().items()}
+
+
+def _own_memory(model: nn.Module) -> nn.Module:
+    """``model`` with every parameter in memory of its own, not a view of the mapped checkpoint file.
+
+    Hugging Face loads a float32 safetensors file into float32 parameters as views of the file's
+    memory map, so the whole file stays mapped, and resident once read, for as long as any one
+    parameter is a view. With LoRA the frozen base linears are then stored again in bf16
+    (``_frozen_linears_to``) while the file pages they came from stay resident: 0.42 GB for
+    SmolLM2-135M. Full fine-tuning writes every weight, which copies its pages anyway. Tied
+    parameters are one ``Parameter`` and stay tied.
+    """
+    with torch.no_grad():
+        for q in model.parameters():
+            q.data = q.data.clone()
+    return model
 
 
 def _repeated_cache(cache: Any, n: int) -> Any:

@@ -125,6 +125,19 @@ def test_merged_weights_equal_peft_merge_and_plain_model_logp(tiny_model_dir) ->
     assert float((got["values"][:, 1:] - values).abs().max()) <= 1e-5
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_the_module_does_not_keep_the_checkpoint_file_mapped(tiny_model_dir, tmp_path) -> None:
+    import shutil
+
+    model_dir = tmp_path / "model"  # a copy of its own: no other test's model maps this file
+    shutil.copytree(tiny_model_dir, model_dir)
+    m = _module(model_dir, critic_type="separate", lora_rank=2)
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(model_dir) in line]
+    assert mapped == []
+    lm = m.lm.get_base_model()
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight or not lm.config.tie_word_embeddings
+
+
 def test_merged_weights_are_built_per_read_and_pickle_as_a_plain_dict(tiny_model_dir) -> None:
     pytest.importorskip("peft", reason=PEFT_REASON)
     import pickle
