@@ -47,6 +47,8 @@ from ragen_rllib.core.prefix import (DEFAULT_CALL_COST, DEFAULT_PACK_TOKENS, Pre
                                      packed_mask, plan_shared_prefixes)
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
+#: ``get_state`` key suffix of a bf16 tensor stored as its bits (an int16 array): numpy has no bf16.
+BF16_SUFFIX = "@bfloat16"
 
 
 class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
@@ -284,15 +286,33 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
         RLlib's default converts with ``reduce_type=True``, whose ``astype(float32)`` copies every
         array even when it is float32 already: a checkpoint then held the model twice. numpy has
-        no bf16: LoRA's bf16 frozen weights (``_frozen_linears_to``) go out as exact float32 copies.
+        no bf16: a bf16 tensor (LoRA's frozen base under autocast, ``_frozen_linears_to``) goes out
+        as its bits, an int16 view, under its name plus ``BF16_SUFFIX``; ``set_state`` reads them
+        back. (float32 copies of them cost 0.42 GB for SmolLM2-135M at every checkpoint.)
         """
         from ray.rllib.utils.numpy import convert_to_numpy
 
-        state = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in self.state_dict().items()}
+        state = {(k + BF16_SUFFIX if v.dtype == torch.bfloat16 else k):
+                 (v.view(torch.int16) if v.dtype == torch.bfloat16 else v) for k, v in self.state_dict().items()}
         if inference_only and not self.inference_only:
             drop = tuple(f"{a}." for a in self.get_non_inference_attributes())
             state = {k: v for k, v in state.items() if not k.startswith(drop)}
         return convert_to_numpy(state, reduce_type=False)
+
+    @override(TorchRLModule)
+    def set_state(self, state: dict[str, Any]) -> None:
+        """RLlib's ``set_state``, after turning ``get_state``'s bf16 bit views back into bf16 tensors
+        (loaded into float32 parameters they are exact: every bf16 value is a float32 value)."""
+        import numpy as np
+
+        out: dict[str, Any] = {}
+        for k, v in state.items():
+            if k.endswith(BF16_SUFFIX):
+                bits = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+                out[k[:-len(BF16_SUFFIX)]] = bits.view(torch.bfloat16)
+            else:
+                out[k] = v
+        super().set_state(out)
 
     def policy_state_dict(self) -> Mapping[str, torch.Tensor]:
         """The policy's weights under their HF names (what the engines load).
@@ -434,4 +454,4 @@ def merged_lora_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -
     return dict(merged_lora_state(model, dtype).items())
 
 
-__all__ = ["HFCausalLMModule", "POLICY_PREFIX"]
+__all__ = ["BF16_SUFFIX", "HFCausalLMModule", "POLICY_PREFIX"]

@@ -290,8 +290,9 @@ def test_training_with_lora_syncs_merged_weights_and_exports(tiny_model_dir, ray
 
 
 def test_lora_with_bf16_autocast_checkpoints_and_restores(tiny_model_dir, ray_local, tmp_path) -> None:
-    """With bf16 autocast the frozen base is bf16 in the learner; a checkpoint stores it as exact
-    float32 arrays (numpy has no bf16) and a restored algorithm serves the same policy weights."""
+    """With bf16 autocast the frozen base is bf16 in the learner; a checkpoint stores its bits as
+    int16 views, not float32 copies (numpy has no bf16), and a restored algorithm serves the same
+    policy weights."""
     pytest.importorskip("peft", reason=PEFT_REASON)
     import numpy as np
     import torch
@@ -317,6 +318,12 @@ def test_lora_with_bf16_autocast_checkpoints_and_restores(tiny_model_dir, ray_lo
         module = algo.learner_group._learner.module["default_policy"]
         assert module.lm.get_base_model().model.layers[0].mlp.up_proj.base_layer.weight.dtype == torch.bfloat16
         want = policy(algo)
+        from ragen_rllib.rl_module.hf_causal_lm_module import BF16_SUFFIX
+
+        state = module.get_state()
+        bits = state["lm.base_model.model.model.layers.0.mlp.up_proj.base_layer.weight" + BF16_SUFFIX]
+        weight = module.lm.get_base_model().model.layers[0].mlp.up_proj.base_layer.weight
+        assert bits.dtype == np.int16 and np.shares_memory(bits, weight.view(torch.int16).numpy())  # a view
         algo.save_to_path(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
@@ -354,3 +361,29 @@ def test_yaml_lists_and_single_names_become_target_tuples() -> None:
     assert p.lora_target_modules == ("q_proj", "v_proj") and p.lora_rank == 8
     assert build_params({"starpo": {"lora_target_modules": "all-linear"}}).lora_target_modules == ("all-linear",)
     assert build_params({}).lora_rank == 0  # off by default
+
+
+def test_export_of_a_tied_model_takes_the_learner_arrays_and_stays_tied(tied_model_dir, tmp_path) -> None:
+    """``export_hf`` assigns the learner's arrays as the model's weights (no copy into the
+    checkpoint-mapped ones); a tied model's export is tied and reloads with the same weights."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragen_rllib.algorithms.starpo.session import export_hf
+
+    base = _plain(tied_model_dir)
+    with torch.no_grad():
+        for q in base.parameters():
+            q.add_(0.01)  # the "trained" weights: not the file's
+    weights = {k: v.detach().numpy() for k, v in base.state_dict().items()}
+    reply = SimpleNamespace(get=lambda: weights)
+    algo = SimpleNamespace(config=SimpleNamespace(starpo=SimpleNamespace(model=str(tied_model_dir))),
+                           learner_group=SimpleNamespace(foreach_learner=lambda fn: [reply]))
+    out = export_hf(algo, tmp_path / "hf_model")
+    got = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, local_files_only=True)
+    assert got.lm_head.weight.data_ptr() == got.model.embed_tokens.weight.data_ptr()
+    sd = got.state_dict()
+    assert list(sd) == list(weights) and all(np.array_equal(sd[k].numpy(), weights[k]) for k in weights)
