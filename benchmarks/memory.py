@@ -5,13 +5,14 @@ default: the learner and the vLLM engine in this one process, a local Ray) and p
 step, this process's RSS and the change, then the Ray processes' RSS and the summed total (what
 ``sys/peak_rss_gb`` sums). Steps: imports, ``ray.init``, learner build (policy + value head),
 engine build, one sample, the first update (gradients and AdamW moments appear), the weight sync,
-three more iterations, a validation, a checkpoint (``save_to_path``).
+three more iterations (``--iterations``, default 4 in all), a validation, a checkpoint (``save_to_path``).
 
 The allocator is the CLI's (jemalloc, ``ragen_rllib.launch.allocator``); ``RAGEN_ALLOCATOR=system``
 measures glibc's malloc instead. Units: GB = 1e9 bytes.
 "peak during" is this process's high-water mark within the step (Linux ``VmHWM``, reset after each
 step): what a step allocated and freed; "peak so far" the largest of them.
-Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu] [--warmup N] [--set k=v ...]``
+Run: ``.venv/bin/python benchmarks/memory.py [--config ...] [--profile cpu] [--warmup N] [--iterations N]
+[--set k=v ...]``
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--warmup", type=int, default=0, help="supervised warm-up steps before RL (the config's kind)")
     ap.add_argument("--set", action="append", default=[], help="experiment override key=value (repeatable)")
+    ap.add_argument("--iterations", type=int, default=4,
+                    help="RL iterations (>= 1); long runs show the caches filling (docs/performance.md § Memory)")
     args = ap.parse_args()
     from ragen_rllib.launch.allocator import reexec_script_with_jemalloc
 
@@ -98,8 +101,10 @@ def main() -> None:
         algo._sync_weights()
         step(label)
 
+    if args.iterations < 1:
+        ap.error(f"--iterations must be >= 1, got {args.iterations}")
     iteration(0, "first weight sync")
-    for i in range(1, 4):
+    for i in range(1, args.iterations):
         iteration(i, f"iteration {i + 1}")
     algo.validate()
     step("validation")
