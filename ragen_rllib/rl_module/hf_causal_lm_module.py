@@ -42,9 +42,9 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ragen_rllib.lazy import LazyMapping
 from ragen_rllib.core.prefix import (DEFAULT_CALL_COST, DEFAULT_PACK_TOKENS, PrefixGroup, length_buckets, pack_rows,
                                      packed_mask, plan_shared_prefixes)
+from ragen_rllib.lazy import LazyMapping
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
 #: ``get_state`` key suffix of a bf16 tensor stored as its bits (an int16 array): numpy has no bf16.
