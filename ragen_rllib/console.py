@@ -38,6 +38,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ContextManager, TextIO
 
+from ragen_rllib.environ import scoped_environ
+
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 #: Folder of a run (``<run_dir>/<run_name>/logs``) and file that take the libraries' output.
 LOGS_DIR = "logs"
@@ -301,22 +303,17 @@ def logging_restored() -> Iterator[None]:
     loggers = {name: (list(lg.handlers), lg.propagate, lg.level)
                for name in (*LIBRARY_LOGGERS, *_WARNING_ONLY) for lg in (logging.getLogger(name),)}
     capturing = logging._warnings_showwarning is not None  # type: ignore[attr-defined]
-    env = {k: os.environ.get(k) for k in LIBRARY_ENV}
-    try:
-        yield
-    finally:
-        root.handlers[:] = root_state[0]
-        root.setLevel(root_state[1])  # setLevel, not .level: it also clears the loggers' level caches
-        for name, (handlers, propagate, level) in loggers.items():
-            lg = logging.getLogger(name)
-            lg.handlers[:], lg.propagate = handlers, propagate
-            lg.setLevel(level)
-        logging.captureWarnings(capturing)
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with scoped_environ(restore=LIBRARY_ENV):
+        try:
+            yield
+        finally:
+            root.handlers[:] = root_state[0]
+            root.setLevel(root_state[1])  # setLevel, not .level: it also clears the loggers' level caches
+            for name, (handlers, propagate, level) in loggers.items():
+                lg = logging.getLogger(name)
+                lg.handlers[:], lg.propagate = handlers, propagate
+                lg.setLevel(level)
+            logging.captureWarnings(capturing)
 
 
 def set_library_env() -> None:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ragen_rllib.environ import scoped_environ
 from ragen_rllib.launch.ray_token import TOKEN_PATH_ENV, mode_problem, token_path
 
 logger = logging.getLogger(__name__)
@@ -190,15 +191,11 @@ def secret_excludes(working_dir: str | Path) -> list[str]:
 @contextlib.contextmanager
 def _gitignore_honoured() -> Iterator[None]:
     """Clear ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE`` for the block, so Ray's packing reads ``.gitignore``."""
-    saved = os.environ.pop(RAY_IGNORE_GITIGNORE_ENV, None)
-    if saved == "1":
+    if os.environ.get(RAY_IGNORE_GITIGNORE_ENV) == "1":
         logger.warning("%s=1 is ignored by ragen-rllib submit: .gitignore always applies to the upload",
                        RAY_IGNORE_GITIGNORE_ENV)
-    try:
+    with scoped_environ(unset=[RAY_IGNORE_GITIGNORE_ENV]):
         yield
-    finally:
-        if saved is not None:
-            os.environ[RAY_IGNORE_GITIGNORE_ENV] = saved
 
 
 def upload_manifest(working_dir: str | Path, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> list[str]:
@@ -326,15 +323,10 @@ def _job_server(address: str, what: str) -> Iterator[Any]:
             if address.startswith("http://") and host not in ("127.0.0.1", "localhost", "::1"):
                 logger.warning("sending the Ray auth token to %s over plain HTTP; use https or an SSH tunnel "
                                "to 127.0.0.1 on untrusted networks", address)
-    saved = {k: os.environ.pop(k) for k in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS") if k in os.environ}
     try:
         # Ray's client lets these env vars override the address argument; ours is explicit.
-        os.environ["RAY_API_SERVER_ADDRESS"] = address
-        try:
+        with scoped_environ({"RAY_API_SERVER_ADDRESS": address}, unset=["RAY_ADDRESS"]):
             client = JobSubmissionClient(address, headers=headers or None)
-        finally:
-            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-            os.environ.update(saved)
         yield client
     except AuthenticationError as e:
         raise JobsError(_auth_help(address, str(e).splitlines()[0])) from None

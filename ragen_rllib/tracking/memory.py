@@ -9,6 +9,11 @@ Two sums, sampled by a daemon thread:
 * ``pss``: proportional set size (each shared page split between the processes that map it), the
   honest total of the machine's memory the run holds (``sys/peak_pss_gb``; Linux only).
 
+A descendant younger than ``MIN_CHILD_AGE_S`` is not counted: a fork shows its parent's whole RSS
+until it execs (vLLM runs ``lscpu`` through a shell, the MLflow tags run ``git``), and one sample
+in such a moment counted the 0.9 GB driver twice (a LoRA ``make run`` at 4.45 GB instead of 3.5).
+Any process that lives longer is counted from its second half-second on.
+
 Units: GB = 1e9 bytes.
 """
 
@@ -16,13 +21,20 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import psutil
 
-__all__ = ["PeakMemory", "tree_memory_gb"]
+__all__ = ["MIN_CHILD_AGE_S", "PeakMemory", "tree_memory_gb"]
 
-def tree_memory_gb(pid: int | None = None, with_pss: bool = True) -> tuple[float, float]:
-    """Summed (RSS, PSS) in GB of process ``pid`` (default: this one) and all its descendants.
+#: Seconds a descendant must have lived to be counted (see the module docstring).
+MIN_CHILD_AGE_S = 0.5
+
+
+def tree_memory_gb(pid: int | None = None, with_pss: bool = True,
+                   min_age_s: float = MIN_CHILD_AGE_S) -> tuple[float, float]:
+    """Summed (RSS, PSS) in GB of process ``pid`` (default: this one) and its descendants that have
+    lived ``min_age_s`` seconds or more.
 
     PSS is 0.0 where the platform does not report it (or ``with_pss`` is False). Processes that
     exit while being read are skipped.
@@ -31,6 +43,8 @@ def tree_memory_gb(pid: int | None = None, with_pss: bool = True) -> tuple[float
     rss = pss = 0
     for proc in [root, *root.children(recursive=True)]:
         try:
+            if proc is not root and _age_s(proc) < min_age_s:
+                continue
             if with_pss:
                 info = proc.memory_full_info()
                 rss += info.rss
@@ -40,6 +54,19 @@ def tree_memory_gb(pid: int | None = None, with_pss: bool = True) -> tuple[float
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return rss / 1e9, pss / 1e9
+
+
+def _age_s(proc: psutil.Process) -> float:
+    """Seconds since ``proc`` started. On Linux from ``/proc`` in clock ticks (10 ms): psutil's
+    ``create_time`` adds a boot time rounded to whole seconds, up to 1 s off from ``time.time()``."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:  # the name (field 2) may hold spaces: split after ")"
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time() - proc.create_time()
 
 
 class PeakMemory:

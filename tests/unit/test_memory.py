@@ -1,12 +1,14 @@
-"""Peak memory over the process tree (``sys/peak_rss_gb``): it sees child processes."""
+"""Peak memory over the process tree (``sys/peak_rss_gb``): it sees child processes, but not a fork in
+the instant before it execs (it would count its parent twice)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
-from ragen_rllib.tracking.memory import PeakMemory, tree_memory_gb
+from ragen_rllib.tracking.memory import MIN_CHILD_AGE_S, PeakMemory, tree_memory_gb
 
 
 def test_peak_includes_a_child_process_holding_memory() -> None:
@@ -23,3 +25,22 @@ def test_peak_includes_a_child_process_holding_memory() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_fresh_fork_is_not_counted_until_it_has_lived_min_age() -> None:
+    held = bytearray(400 * 10**6)  # touched pages: resident in the parent and, after fork, in the child
+    held[:: 4096] = b"x" * len(held[:: 4096])
+    alone_rss, _ = tree_memory_gb(with_pss=False)
+    pid = os.fork()
+    if pid == 0:  # the child: parent's pages, no exec, then gone
+        time.sleep(3 * MIN_CHILD_AGE_S + 1)
+        os._exit(0)
+    try:
+        young, _ = tree_memory_gb(with_pss=False)
+        time.sleep(MIN_CHILD_AGE_S + 0.2)
+        grown, _ = tree_memory_gb(with_pss=False)
+    finally:
+        os.waitpid(pid, 0)
+    assert young < alone_rss + 0.2  # the fork's borrowed 0.4 GB not counted at once
+    assert grown >= alone_rss + 0.35  # counted once it has lived MIN_CHILD_AGE_S
+    del held
