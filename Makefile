@@ -15,11 +15,16 @@ model: setup
 # Main job on the embedded default: StarPO-S on the Bandit with SmolLM2-135M-Instruct on the CPU
 # vLLM engine (format warm-up, then RL), tracked in MLflow (sqlite under runs/), trajectories in
 # Arrow under runs/<run>/trajectories, the trained model exported to runs/<run>/hf_model.
+# It trains LoRA adapters (rank 8, alpha 16, LR 1e-4): in 3 seeds the same validation as full
+# fine-tuning (1.00 on the train names, 0.91-0.94 held out) at 3.4 GB summed over its processes
+# instead of 5.0 GB, and 2.0 min instead of 2.4 (docs/results.md). Full fine-tuning, the `cpu`
+# profile as written (what every reproduce-bandit* target runs): make run RUN_LORA=
 RUN_CONFIG ?= experiments/bandit_starpo_s.yaml
 RUN_PROFILE ?= cpu
+RUN_LORA ?= --set starpo.lora_rank=8 --set starpo.lora_alpha=16.0 --set starpo.actor_lr=1e-4
 RUN_SET ?=
 run: model
-	@$(PY) -m ragen_rllib.cli train --config $(RUN_CONFIG) --profile $(RUN_PROFILE) $(RUN_SET)
+	@$(PY) -m ragen_rllib.cli train --config $(RUN_CONFIG) --profile $(RUN_PROFILE) $(RUN_LORA) $(RUN_SET)
 
 # Browse the default MLflow store (runs/mlflow.db). MLflow's UI has no authentication, so it binds
 # 127.0.0.1 only; MLFLOW_HOST=0.0.0.0 exposes it to the network (a decision, not a default).

@@ -1,4 +1,5 @@
-"""Every ``make reproduce-*`` target, run for one iteration on the tiny model, so no result's command rots.
+"""``make run`` and every ``make reproduce-*`` target, run for one iteration on the tiny model, so no
+result's command rots.
 
 The commands are read from the Makefile itself (``make -n``), so a new target is covered
 automatically and a changed target is tested as written: each ``ragen-rllib train`` line runs with
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _targets() -> list[str]:
+    """``run`` (the main job, LoRA by default), then the ``reproduce-*`` targets."""
     text = (ROOT / "Makefile").read_text()
-    return sorted(set(re.findall(r"^(reproduce-[\w-]+):", text, flags=re.M)))
+    return ["run", *sorted(set(re.findall(r"^(reproduce-[\w-]+):", text, flags=re.M)))]
 
 
 TARGETS = _targets()
@@ -91,7 +93,7 @@ def _train(argv: list[str], model: Path, tmp_path: Path) -> None:
 
 
 def test_targets_are_found() -> None:
-    assert {"reproduce-baselines", "reproduce-bandit", "reproduce-frozen-lake", "reproduce-echo-trap",
+    assert {"run", "reproduce-baselines", "reproduce-bandit", "reproduce-frozen-lake", "reproduce-echo-trap",
             "reproduce-filter-ratio", "reproduce-frozen-lake-echo-trap",
             "reproduce-expert-sft-rl"} <= set(TARGETS), TARGETS
 
