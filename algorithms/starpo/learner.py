@@ -88,13 +88,15 @@ class StarPOLearner(TorchLearner):
                                              else None)
             self._gather_full_state()
             return  # DeepSpeed owns the optimizers; RLlib's register_optimizer accepts torch optimizers only
+        # No RLlib LR schedule (lr_or_lr_schedule=None): the rate is set by apply_lr_schedule alone
+        # (warm-up rate, RL schedule). With one, RLlib reset it to the fixed value after every
+        # update, so warmup.lr held for the first warm-up step only, and a scheduled factor for the
+        # first mini-batch of an iteration only.
         self.register_optimizer(module_id=module_id, optimizer_name="actor",
-                                optimizer=_adamw(actor, p.actor_lr, p.weight_decay),
-                                params=actor, lr_or_lr_schedule=p.actor_lr)
+                                optimizer=_adamw(actor, p.actor_lr, p.weight_decay), params=actor)
         if critic:
             self.register_optimizer(module_id=module_id, optimizer_name="critic",
-                                    optimizer=_adamw(critic, p.critic_lr, p.weight_decay),
-                                    params=critic, lr_or_lr_schedule=p.critic_lr)
+                                    optimizer=_adamw(critic, p.critic_lr, p.weight_decay), params=critic)
         self._backend = TorchBackend(self, p.actor_lr, p.critic_lr)
 
     @override(TorchLearner)

@@ -43,13 +43,24 @@ def test_starpo_s_learns_bandit(tiny_model_dir, ray_local, tmp_path) -> None:
 
 
 def test_warm_up_runs_at_its_own_rate_and_rl_at_actor_lr(tiny_model_dir, ray_local, tmp_path) -> None:
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    def optimizer_lr() -> float:  # what the actor's optimizer holds now, not what was logged
+        for r in algo.learner_group.foreach_learner(
+                lambda lrn: lrn.get_optimizer(DEFAULT_MODULE_ID, "actor").param_groups[0]["lr"]):
+            return r.get()
+        raise AssertionError("no learner answered")
+
     algo = _algo(tiny_model_dir, tmp_path, "starpo_s", actor_lr=1e-4)
     try:
-        sft = algo.warmup(2, "random-valid", groups=2, group_size=2, lr=3e-3)
+        sft = algo.warmup(3, "random-valid", groups=2, group_size=2, lr=3e-3)
+        after_warmup = optimizer_lr()  # RLlib's own LR scheduler once reset it to actor_lr after each step
         rl = algo.train()
+        after_rl = optimizer_lr()
     finally:
         algo.stop()
-    assert [m["sft/lr"] for m in sft] == pytest.approx([3e-3, 3e-3])
+    assert [m["sft/lr"] for m in sft] == pytest.approx([3e-3, 3e-3, 3e-3])
+    assert after_warmup == pytest.approx(3e-3) and after_rl == pytest.approx(1e-4)
     lr = [v for k, v in rl.items() if k.endswith("actor/lr")]
     assert lr and lr[0] == pytest.approx(1e-4), {k: v for k, v in rl.items() if "lr" in k}
 
