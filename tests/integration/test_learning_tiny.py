@@ -45,11 +45,11 @@ def test_starpo_s_learns_bandit(tiny_model_dir, ray_local, tmp_path) -> None:
 def test_warm_up_runs_at_its_own_rate_and_rl_at_actor_lr(tiny_model_dir, ray_local, tmp_path) -> None:
     from ray.rllib.core import DEFAULT_MODULE_ID
 
+    from ragen_rllib.algorithms.starpo.algorithm import _first
+
     def optimizer_lr() -> float:  # what the actor's optimizer holds now, not what was logged
-        for r in algo.learner_group.foreach_learner(
-                lambda lrn: lrn.get_optimizer(DEFAULT_MODULE_ID, "actor").param_groups[0]["lr"]):
-            return r.get()
-        raise AssertionError("no learner answered")
+        return _first(algo.learner_group.foreach_learner(
+            lambda lrn: lrn.get_optimizer(DEFAULT_MODULE_ID, "actor").param_groups[0]["lr"]))
 
     algo = _algo(tiny_model_dir, tmp_path, "starpo_s", actor_lr=1e-4)
     try:
