@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -142,13 +142,33 @@ reproduce-frozen-lake-rl: model
 # lake: make reproduce-frozen-lake-sft FL_SFT_ENV=frozen_lake:spaced FL_SFT_RUN=repro-frozen-lake-spaced-sft120
 FL_SFT_ENV ?= frozen_lake:not_slippery
 FL_SFT_RUN ?= repro-frozen-lake-sft120
+FL_SFT_SEED ?= 10000
 reproduce-frozen-lake-sft: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
-		--run-name $(FL_SFT_RUN) --set starpo.seed=10000 --set starpo.env=$(FL_SFT_ENV) \
+		--run-name $(FL_SFT_RUN) --set starpo.seed=$(FL_SFT_SEED) --set starpo.env=$(FL_SFT_ENV) \
 		--set "starpo.val_envs=['$(FL_SFT_ENV)']" --set starpo.val_groups=128 --set iterations=0 \
 		--set warmup.kind=expert --set warmup.steps=120 --set warmup.groups=16 --set warmup.group_size=1 \
 		--set warmup.lr=5.0e-5 --set starpo.response_length=24
 	@$(PY) scripts/first_move.py runs/$(FL_SFT_RUN)
+
+# Expert SFT + StarPO-S on the plain lake: StarPO-S from the policy reproduce-frozen-lake-sft wrote (no
+# warm-up), at the SFT + RL setting of the `guided` and Sokoban runs: LR 1e-5, 8 lakes x 8 samples (the
+# filter keeps 2 groups = 16 rows, one optimizer step), 24-token replies, 24 iterations; validation on 128
+# fixed states before RL (= SFT alone) and every 8 iterations, compared state by state (docs/results.md).
+# Needs that policy first: make reproduce-frozen-lake-sft
+FL_SFT_RL_FROM ?= runs/$(FL_SFT_RUN)/hf_model
+FL_SFT_RL_SEED ?= 10000
+FL_SFT_RL_RUN ?= repro-frozen-lake-sft-rl
+reproduce-frozen-lake-sft-rl: model
+	@test -d $(FL_SFT_RL_FROM) || { echo "error: no policy at FL_SFT_RL_FROM=$(FL_SFT_RL_FROM); make it with: make reproduce-frozen-lake-sft" >&2; exit 2; }
+	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
+		--run-name $(FL_SFT_RL_RUN) --set starpo.seed=$(FL_SFT_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
+		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=24 \
+		--set starpo.test_freq=8 --set checkpoint_freq=24 --set warmup.steps=0 --set starpo.model=$(FL_SFT_RL_FROM) \
+		--set starpo.actor_lr=1.0e-5 --set starpo.response_length=24 \
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+	@$(PY) scripts/paired_validation.py runs/$(FL_SFT_RL_RUN)
+	@$(PY) scripts/first_move.py runs/$(FL_SFT_RL_RUN)
 
 # FrozenLake `spaced` (not slippery; RAGEN's grid with its cells joined by spaces, so each cell is one
 # token; not in RAGEN) at the same setting: StarPO-S from the format warm-up at actor LR 5e-5, 8 states
