@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 setup:
 	@bash scripts/setup.sh
@@ -138,7 +138,8 @@ reproduce-frozen-lake-rl: model
 
 # Expert SFT alone on FrozenLake as RAGEN writes it (not slippery): 120 steps of 16 distinct lakes
 # (1,920 expert shortest-path demonstrations, warm-up LR 5e-5, 24-token replies), then the validation
-# on 128 fixed states and the export (iterations=0: no RL; ~16 min; docs/results.md). On the spaced
+# on 128 fixed states and the export (iterations=0: no RL; ~15 min; docs/results.md). Another seed:
+# make reproduce-frozen-lake-sft FL_SFT_SEED=10001 FL_SFT_RUN=<name>. On the spaced
 # lake: make reproduce-frozen-lake-sft FL_SFT_ENV=frozen_lake:spaced FL_SFT_RUN=repro-frozen-lake-spaced-sft120
 FL_SFT_ENV ?= frozen_lake:not_slippery
 FL_SFT_RUN ?= repro-frozen-lake-sft120
@@ -155,10 +156,13 @@ reproduce-frozen-lake-sft: model
 # warm-up), at the SFT + RL setting of the `guided` and Sokoban runs: LR 1e-5, 8 lakes x 8 samples (the
 # filter keeps 2 groups = 16 rows, one optimizer step), 24-token replies, 24 iterations; validation on 128
 # fixed states before RL (= SFT alone) and every 8 iterations, compared state by state (docs/results.md).
-# Needs that policy first: make reproduce-frozen-lake-sft
+# Needs that policy first: make reproduce-frozen-lake-sft. Another seed: make reproduce-frozen-lake-sft
+# FL_SFT_SEED=10001 FL_SFT_RUN=<sft> && make reproduce-frozen-lake-sft-rl FL_SFT_RUN=<sft> FL_SFT_RL_SEED=10001
+# FL_SFT_RL_RUN=<name>. RL at LR 5e-5: FL_SFT_RL_SET="--set starpo.actor_lr=5.0e-5"
 FL_SFT_RL_FROM ?= runs/$(FL_SFT_RUN)/hf_model
 FL_SFT_RL_SEED ?= 10000
 FL_SFT_RL_RUN ?= repro-frozen-lake-sft-rl
+FL_SFT_RL_SET ?=
 reproduce-frozen-lake-sft-rl: model
 	@test -d $(FL_SFT_RL_FROM) || { echo "error: no policy at FL_SFT_RL_FROM=$(FL_SFT_RL_FROM); make it with: make reproduce-frozen-lake-sft" >&2; exit 2; }
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
@@ -166,7 +170,7 @@ reproduce-frozen-lake-sft-rl: model
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=24 \
 		--set starpo.test_freq=8 --set checkpoint_freq=24 --set warmup.steps=0 --set starpo.model=$(FL_SFT_RL_FROM) \
 		--set starpo.actor_lr=1.0e-5 --set starpo.response_length=24 \
-		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16 $(FL_SFT_RL_SET)
 	@$(PY) scripts/paired_validation.py runs/$(FL_SFT_RL_RUN)
 	@$(PY) scripts/first_move.py runs/$(FL_SFT_RL_RUN)
 
@@ -250,6 +254,40 @@ reproduce-sokoban-rl: model
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_RL_RUN) --env sokoban:larger
 	@$(PY) scripts/first_move.py runs/$(SOKOBAN_RL_RUN)
 	@$(PY) scripts/episode_lengths.py runs/$(SOKOBAN_RL_RUN)
+
+# Expert SFT alone on Sokoban 6x6 at the plain-lake SFT's scale: 120 steps of 16 distinct puzzles (1,920
+# BFS plans, <= 5 actions a turn, warm-up LR 5e-5), then validation on 128 fixed states of `sokoban`,
+# `sokoban:new_vocab` and `sokoban:larger` and the export (iterations=0: no RL; ~25 min; docs/results.md).
+# Another seed: make reproduce-sokoban-sft SOKOBAN_SFT_SEED=10001 SOKOBAN_SFT_RUN=<name>
+SOKOBAN_SFT_SEED ?= 10000
+SOKOBAN_SFT_RUN ?= repro-sokoban-sft120
+reproduce-sokoban-sft: model
+	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
+		--run-name $(SOKOBAN_SFT_RUN) --set starpo.seed=$(SOKOBAN_SFT_SEED) \
+		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
+		--set iterations=0 --set warmup.kind=expert --set warmup.steps=120 --set warmup.groups=16 \
+		--set warmup.group_size=1 --set warmup.lr=5.0e-5
+	@$(PY) scripts/first_move.py runs/$(SOKOBAN_SFT_RUN)
+
+# Expert SFT + StarPO-S on Sokoban from the 1,920-plan SFT policy above (no warm-up): LR 1e-5, 8 puzzles x
+# 8 samples (the filter keeps 2 groups = 16 rows, one optimizer step), 24 iterations; validation on the
+# three variants before RL (= SFT alone) and every 12 iterations, compared state by state (~10 min;
+# docs/results.md). Needs that policy first: make reproduce-sokoban-sft
+SOKOBAN_SFT_RL_FROM ?= runs/$(SOKOBAN_SFT_RUN)/hf_model
+SOKOBAN_SFT_RL_SEED ?= 10000
+SOKOBAN_SFT_RL_RUN ?= repro-sokoban-sft120-rl
+reproduce-sokoban-sft120-rl: model
+	@test -d $(SOKOBAN_SFT_RL_FROM) || { echo "error: no policy at SOKOBAN_SFT_RL_FROM=$(SOKOBAN_SFT_RL_FROM); make it with: make reproduce-sokoban-sft" >&2; exit 2; }
+	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
+		--run-name $(SOKOBAN_SFT_RL_RUN) --set starpo.seed=$(SOKOBAN_SFT_RL_SEED) \
+		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
+		--set iterations=24 --set starpo.test_freq=12 --set checkpoint_freq=24 \
+		--set warmup.steps=0 --set starpo.model=$(SOKOBAN_SFT_RL_FROM) --set starpo.actor_lr=1.0e-5 \
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban:new_vocab
+	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban:larger
+	@$(PY) scripts/first_move.py runs/$(SOKOBAN_SFT_RL_RUN)
 
 # Expert SFT alone vs expert SFT + StarPO-S on Sokoban 6x6 (the paper's SFT comparison; RL from the format
 # warm-up did not fit a session here): 40 SFT steps on 8 distinct puzzles a step (BFS plans, <= 5
