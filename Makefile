@@ -6,6 +6,10 @@ PYTEST_ARGS ?=
 
 .PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
+# A target that starts from another run's policy stops with one line when that policy is missing:
+# $(call need_policy,VARIABLE,command that makes it)
+need_policy = test -d $($(1)) || { echo "error: no policy at $(1)=$($(1)); make it with: $(2)" >&2; exit 2; }
+
 setup:
 	@bash scripts/setup.sh
 
@@ -164,7 +168,7 @@ FL_SFT_RL_SEED ?= 10000
 FL_SFT_RL_RUN ?= repro-frozen-lake-sft-rl
 FL_SFT_RL_SET ?=
 reproduce-frozen-lake-sft-rl: model
-	@test -d $(FL_SFT_RL_FROM) || { echo "error: no policy at FL_SFT_RL_FROM=$(FL_SFT_RL_FROM); make it with: make reproduce-frozen-lake-sft" >&2; exit 2; }
+	@$(call need_policy,FL_SFT_RL_FROM,make reproduce-frozen-lake-sft)
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name $(FL_SFT_RL_RUN) --set starpo.seed=$(FL_SFT_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=24 \
@@ -194,7 +198,7 @@ CURRICULUM_FROM ?= runs/repro-frozen-lake-guided-rl-s10001/hf_model
 CURRICULUM_SEED ?= 10000
 CURRICULUM_RUN ?= repro-frozen-lake-curriculum
 reproduce-frozen-lake-curriculum: model
-	@test -d $(CURRICULUM_FROM) || { echo "error: no policy at CURRICULUM_FROM=$(CURRICULUM_FROM); make it with: make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001" >&2; exit 2; }
+	@$(call need_policy,CURRICULUM_FROM,make reproduce-frozen-lake-guided-rl GUIDED_RL_SEED=10001 GUIDED_RL_RUN=repro-frozen-lake-guided-rl-s10001)
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
 		--run-name $(CURRICULUM_RUN) --set starpo.seed=$(CURRICULUM_SEED) --set starpo.env=frozen_lake:not_slippery \
 		--set "starpo.val_envs=['frozen_lake:not_slippery']" $(FL_RL_SETTING) \
@@ -277,7 +281,7 @@ SOKOBAN_SFT_RL_FROM ?= runs/$(SOKOBAN_SFT_RUN)/hf_model
 SOKOBAN_SFT_RL_SEED ?= 10000
 SOKOBAN_SFT_RL_RUN ?= repro-sokoban-sft120-rl
 reproduce-sokoban-sft120-rl: model
-	@test -d $(SOKOBAN_SFT_RL_FROM) || { echo "error: no policy at SOKOBAN_SFT_RL_FROM=$(SOKOBAN_SFT_RL_FROM); make it with: make reproduce-sokoban-sft" >&2; exit 2; }
+	@$(call need_policy,SOKOBAN_SFT_RL_FROM,make reproduce-sokoban-sft)
 	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
 		--run-name $(SOKOBAN_SFT_RL_RUN) --set starpo.seed=$(SOKOBAN_SFT_RL_SEED) \
 		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
