@@ -262,14 +262,16 @@ reproduce-sokoban-rl: model
 # Expert SFT alone on Sokoban 6x6 at the plain-lake SFT's scale: 120 steps of 16 distinct puzzles (1,920
 # BFS plans, <= 5 actions a turn, warm-up LR 5e-5), then validation on 128 fixed states of `sokoban`,
 # `sokoban:new_vocab` and `sokoban:larger` and the export (iterations=0: no RL; ~25 min; docs/results.md).
-# Another seed: make reproduce-sokoban-sft SOKOBAN_SFT_SEED=10001 SOKOBAN_SFT_RUN=<name>
+# Another seed: make reproduce-sokoban-sft SOKOBAN_SFT_SEED=10001 SOKOBAN_SFT_RUN=<name>; more plans:
+# SOKOBAN_SFT_STEPS=240 (3,840 plans, ~45 min)
 SOKOBAN_SFT_SEED ?= 10000
+SOKOBAN_SFT_STEPS ?= 120
 SOKOBAN_SFT_RUN ?= repro-sokoban-sft120
 reproduce-sokoban-sft: model
 	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
 		--run-name $(SOKOBAN_SFT_RUN) --set starpo.seed=$(SOKOBAN_SFT_SEED) \
 		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
-		--set iterations=0 --set warmup.kind=expert --set warmup.steps=120 --set warmup.groups=16 \
+		--set iterations=0 --set warmup.kind=expert --set warmup.steps=$(SOKOBAN_SFT_STEPS) --set warmup.groups=16 \
 		--set warmup.group_size=1 --set warmup.lr=5.0e-5
 	@$(PY) scripts/first_move.py runs/$(SOKOBAN_SFT_RUN)
 

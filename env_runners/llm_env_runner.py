@@ -97,8 +97,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return RolloutSpec(
             env_name=name, env_variant=variant or None, env_config=dict(p.env_config), group_size=1,
             max_turns=max_turns,
-            prompt=PromptConfig(enable_think=p.enable_think, max_actions_per_turn=p.max_actions_per_turn,
-                                format_penalty=p.format_penalty, max_context_tokens=p.max_context_tokens),
+            prompt=PromptConfig.from_fields(vars(p)),
             sampling=SamplingParams(max_new_tokens=p.response_length, temperature=temperature,
                                     stop=(ANSWER_CLOSE,) if p.stop_at_answer_end else ()))
 

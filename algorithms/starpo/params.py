@@ -86,6 +86,7 @@ class StarPOParams:
     enable_think: bool = True
     max_actions_per_turn: int = 5
     format_penalty: float = -0.1
+    penalize_dropped_actions: bool = False  # format penalty also for actions beyond max_actions_per_turn (RAGEN: off)
     max_context_tokens: int = 3600
     seed: int = 10000  # every training / warm-up stream derives from it (ragen_rllib.seeds)
     # --- validation

@@ -204,7 +204,8 @@ def eval_protocol(p: StarPOParams) -> dict[str, Any]:
             "val_temperature": p.val_temperature, "val_seed": p.val_seed, "enable_think": p.enable_think,
             "response_length": p.response_length, "max_turns": p.max_turns, "engine": p.engine,
             "max_context_tokens": p.max_context_tokens, "max_actions_per_turn": p.max_actions_per_turn,
-            "format_penalty": p.format_penalty, "env_config": dict(p.env_config),
+            "format_penalty": p.format_penalty, "penalize_dropped_actions": p.penalize_dropped_actions,
+            "env_config": dict(p.env_config),
             "stop_at_answer_end": p.stop_at_answer_end}
 
 

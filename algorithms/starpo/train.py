@@ -482,10 +482,7 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
             name, _, variant = env.partition(":")
             spec = RolloutSpec(env_name=name, env_variant=variant or None, env_config=proto["env_config"],
                                group_size=proto["val_group_size"], max_turns=proto["max_turns"],
-                               prompt=PromptConfig(enable_think=proto["enable_think"],
-                                                   max_actions_per_turn=proto["max_actions_per_turn"],
-                                                   format_penalty=proto["format_penalty"],
-                                                   max_context_tokens=proto["max_context_tokens"]),
+                               prompt=PromptConfig.from_fields(proto),
                                sampling=SamplingParams(max_new_tokens=proto["response_length"],
                                                        stop=(ANSWER_CLOSE,) if proto.get("stop_at_answer_end", False)
                                                        else (),

@@ -19,8 +19,8 @@ Import-light: stdlib only. The tokenizer is duck-typed (anything with ``apply_ch
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 Message = dict[str, str]
 
@@ -43,6 +43,9 @@ class PromptConfig:
     action_sep: str = "||"
     max_response_words: int = 100  # only the "Max response length" sentence (RAGEN env max_tokens)
     format_penalty: float = -0.1  # added to a turn that executes no valid action / has an invalid one
+    # Also penalise a turn that lists more than max_actions_per_turn actions. RAGEN drops them without a
+    # penalty (the default); then nothing stops RL from lengthening the lists until replies truncate.
+    penalize_dropped_actions: bool = False
     system_prompt: str = "You're a helpful assistant. "
     max_context_tokens: int = 3600  # prompt budget; oldest whole turns are dropped beyond it
 
@@ -57,6 +60,11 @@ class PromptConfig:
             raise ValueError(f"PromptConfig.max_context_tokens must be >= 16, got {self.max_context_tokens!r}")
         if self.max_response_words < 1:
             raise ValueError(f"PromptConfig.max_response_words must be >= 1, got {self.max_response_words!r}")
+
+    @classmethod
+    def from_fields(cls, src: Mapping[str, Any]) -> PromptConfig:
+        """The prompt settings named in ``src`` (a run's parameters or saved eval protocol); others default."""
+        return cls(**{f.name: src[f.name] for f in fields(cls) if f.name in src})
 
     @property
     def generation_prefix(self) -> str:

@@ -21,7 +21,7 @@ class TurnOutcome:
     Attributes:
         parsed: the parse result.
         env_reward: sum of env rewards of the executed actions (unitless).
-        penalty: format penalty applied to this turn (0.0 or ``cfg.format_penalty``).
+        penalty: format penalty applied to this turn (0.0 or ``cfg.format_penalty``; unitless).
         reward: ``env_reward + penalty``: the turn's training reward.
         terminated / truncated: episode end flags after this turn (Gymnasium meaning).
         success: the env's success flag after the last executed action.
@@ -59,7 +59,8 @@ def execute_reply(env: TextEnv, reply: object, cfg: PromptConfig) -> TurnOutcome
 
     Penalty rule (RAGEN §3.3, one penalty per turn at most): the turn gets ``cfg.format_penalty``
     when the reply is malformed, when it executes no valid action, or when any of its actions is
-    invalid. Invalid actions do not use up the env's action budget.
+    invalid; with ``cfg.penalize_dropped_actions`` also when it lists more actions than
+    ``cfg.max_actions_per_turn``. Invalid actions do not use up the env's action budget.
 
     Args:
         env: the env; its ``step`` is called once per parsed action until the episode ends.
@@ -84,6 +85,7 @@ def execute_reply(env: TextEnv, reply: object, cfg: PromptConfig) -> TurnOutcome
             out.num_unexecuted = len(parsed.actions) - i - 1
             break
     out.observation = obs
-    if not parsed.well_formed or out.num_valid == 0 or out.num_invalid > 0:
+    too_many = cfg.penalize_dropped_actions and out.num_dropped > 0
+    if not parsed.well_formed or out.num_valid == 0 or out.num_invalid > 0 or too_many:
         out.penalty = cfg.format_penalty
     return out

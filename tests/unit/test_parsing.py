@@ -96,6 +96,28 @@ def test_turn_penalty_rules() -> None:
     assert out.penalty == -0.5  # well-formed but no valid action
 
 
+def test_dropped_actions_are_penalised_only_when_asked() -> None:
+    # FrozenLake 4x4: six moves, the sixth beyond max_actions_per_turn=5; Left/Up at the start are
+    # valid no-ops (the agent stays in the corner), so the episode cannot end before the drop.
+    reply = "<answer>Left || Up || Left || Up || Left || Up</answer>"
+    off, on = PromptConfig(enable_think=False), PromptConfig(enable_think=False, penalize_dropped_actions=True)
+    for cfg, penalty in ((off, 0.0), (on, -0.1)):
+        env = make_env("frozen_lake:not_slippery")
+        env.reset(seed=3)
+        out = execute_reply(env, reply, cfg)
+        assert out.num_dropped == 1 and out.num_valid == 5 and out.num_invalid == 0
+        assert out.penalty == penalty and env.num_actions == 5
+    env = make_env("frozen_lake:not_slippery")  # five actions: nothing dropped, no penalty either way
+    env.reset(seed=3)
+    assert execute_reply(env, "<answer>Left || Up || Left || Up || Left</answer>", on).penalty == 0.0
+
+
+def test_prompt_config_from_fields_takes_the_named_settings() -> None:
+    cfg = PromptConfig.from_fields({"enable_think": False, "penalize_dropped_actions": True,
+                                    "format_penalty": -0.2, "actor_lr": 1e-5})  # unknown keys ignored
+    assert cfg == PromptConfig(enable_think=False, penalize_dropped_actions=True, format_penalty=-0.2)
+
+
 def test_actions_stop_when_the_episode_ends() -> None:
     env = make_env("bandit")
     env.reset(seed=0)
