@@ -42,7 +42,7 @@ def reply_counts(rows: list[dict], cfg: PromptConfig) -> dict[int, list[float]]:
         well, finish = row[Col.TURN_WELL_FORMED], row[Col.TURN_FINISH]
         acc[3] += len(well)
         acc[4] += sum(not w for w in well)
-        acc[5] += sum(not w and f == "length" for w, f in zip(well, finish))
+        acc[5] += sum(not w and f == "length" for w, f in zip(well, finish, strict=False))
     return per
 
 
@@ -68,7 +68,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for env, counts in tables:
         for it, (n, listed, over, turns, bad, cut) in counts:
-            print(f"| {env} | {it} | {n:.0f} | {listed / n:.1f} | {over / n:.2f} | {bad:.0f} / {turns:.0f} | {cut:.0f} |")
+            print(f"| {env} | {it} | {n:.0f} | {listed / n:.1f} | {over / n:.2f} | {bad:.0f} / {turns:.0f} "
+                  f"| {cut:.0f} |")
     return 0
 
 
