@@ -177,6 +177,7 @@ reproduce-frozen-lake-sft-rl: model
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16 $(FL_SFT_RL_SET)
 	@$(PY) scripts/paired_validation.py runs/$(FL_SFT_RL_RUN)
 	@$(PY) scripts/first_move.py runs/$(FL_SFT_RL_RUN)
+	@$(PY) scripts/reply_actions.py runs/$(FL_SFT_RL_RUN)
 
 # FrozenLake `spaced` (not slippery; RAGEN's grid with its cells joined by spaces, so each cell is one
 # token; not in RAGEN) at the same setting: StarPO-S from the format warm-up at actor LR 5e-5, 8 states
