@@ -73,6 +73,9 @@ RUN_READERS: dict[str, Callable[[str, str], bool]] = {
     and re.search(r"\| validation \S+ \| 1 \|", out) is not None,
     # the training rollouts
     "scripts/episode_lengths.py": lambda out, run: "\n| 0-9 | " in out,
+    # the validation replies' action lists, before and after the one iteration (1 state each)
+    "scripts/reply_actions.py": lambda out, run: re.search(r"\n\| \S+ \| 0 \| 1 \| ", out) is not None
+    and re.search(r"\n\| \S+ \| 1 \| 1 \| ", out) is not None,
 }
 
 
