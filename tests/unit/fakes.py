@@ -66,3 +66,14 @@ class ScriptedEngine:
 
     def load_weights(self, named_tensors: Iterable, policy_version: int) -> None:
         self.policy_version = policy_version
+
+
+def scripted_rows(spec, reply: str, seeds: Sequence[int], run_id: str, iteration: int) -> list[dict]:
+    """The trajectory rows of one group per initial seed in ``seeds`` (``spec.group_size`` rollouts
+    each), every turn answered with ``reply`` through the character tokenizer."""
+    from ragen_rllib.env_runners.rollout_loop import RolloutLoop
+
+    tok = CharTokenizer()
+    engine = ScriptedEngine(tok, lambda prompt, call, row: reply)
+    return RolloutLoop(engine, tok, spec).run([(g, s) for g, s in enumerate(seeds)], run_id=run_id,
+                                              iteration=iteration, sampling_seed=1).rows

@@ -6,13 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.env_runners.rollout_loop import RolloutSpec
 from ragen_rllib.prompting import PromptConfig
 from ragen_rllib.trajectory import TrajectoryStore, rows_to_table
 
-from fakes import CharTokenizer, ScriptedEngine
+from fakes import scripted_rows
 
-TOK = CharTokenizer()
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "episode_lengths.py"
 SEEDS = list(range(123, 127))
 
@@ -20,9 +19,7 @@ SEEDS = list(range(123, 127))
 def _rows(run: Path, iteration: int, reply: str) -> list[dict]:
     spec = RolloutSpec("sokoban", group_size=1, max_turns=2,
                        prompt=PromptConfig(enable_think=False, max_actions_per_turn=5))
-    engine = ScriptedEngine(TOK, lambda prompt, call, row: reply)
-    return RolloutLoop(engine, TOK, spec).run([(g, s) for g, s in enumerate(SEEDS)], run_id=run.name,
-                                              iteration=iteration, sampling_seed=1).rows
+    return scripted_rows(spec, reply, SEEDS, run.name, iteration)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -6,24 +6,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.env_runners.rollout_loop import RolloutSpec
 from ragen_rllib.envs.registry import make_env
 from ragen_rllib.trajectory import TrajectoryStore, rows_to_table
 from ragen_rllib.trajectory.schema import Col
 from ragen_rllib.trajectory.store import validation_store
 
-from fakes import CharTokenizer, ScriptedEngine
+from fakes import scripted_rows
 
-TOK = CharTokenizer()
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "first_move.py"
 SEEDS = list(range(123, 135))
 
 
 def _rows(run: Path, iteration: int, env: str = "sokoban", variant: str | None = None) -> list[dict]:
     spec = RolloutSpec(env, env_variant=variant, group_size=1, max_turns=1)
-    engine = ScriptedEngine(TOK, lambda prompt, call, row: "go</think><answer>Up</answer>")
-    return RolloutLoop(engine, TOK, spec).run([(g, s) for g, s in enumerate(SEEDS)], run_id=run.name,
-                                              iteration=iteration, sampling_seed=1).rows
+    return scripted_rows(spec, "go</think><answer>Up</answer>", SEEDS, run.name, iteration)
 
 
 def test_first_move_against_every_shortest_plan(tmp_path: Path) -> None:

@@ -7,14 +7,13 @@ import sys
 from pathlib import Path
 
 from ragen_rllib.env_runners.engine import SamplingParams
-from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
+from ragen_rllib.env_runners.rollout_loop import RolloutSpec
 from ragen_rllib.prompting import PromptConfig
 from ragen_rllib.trajectory import rows_to_table
 from ragen_rllib.trajectory.store import validation_store
 
-from fakes import CharTokenizer, ScriptedEngine
+from fakes import scripted_rows
 
-TOK = CharTokenizer()
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "reply_actions.py"
 SEEDS = list(range(123, 127))
 SEVEN = "<answer>Up || Up || Up || Up || Up || Up || Up</answer>"  # 7 actions: 5 run, 2 dropped
@@ -24,9 +23,7 @@ def _rows(run: Path, iteration: int, reply: str, max_new_tokens: int) -> list[di
     spec = RolloutSpec("frozen_lake", "not_slippery", group_size=1, max_turns=1,
                        prompt=PromptConfig(enable_think=False),
                        sampling=SamplingParams(max_new_tokens=max_new_tokens))
-    engine = ScriptedEngine(TOK, lambda prompt, call, row: reply)
-    return RolloutLoop(engine, TOK, spec).run([(g, s) for g, s in enumerate(SEEDS)], run_id=run.name,
-                                              iteration=iteration, sampling_seed=1).rows
+    return scripted_rows(spec, reply, SEEDS, run.name, iteration)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
