@@ -264,7 +264,7 @@ reproduce-sokoban-rl: model
 # BFS plans, <= 5 actions a turn, warm-up LR 5e-5), then validation on 128 fixed states of `sokoban`,
 # `sokoban:new_vocab` and `sokoban:larger` and the export (iterations=0: no RL; ~25 min; docs/results.md).
 # Another seed: make reproduce-sokoban-sft SOKOBAN_SFT_SEED=10001 SOKOBAN_SFT_RUN=<name>; more plans:
-# SOKOBAN_SFT_STEPS=240 (3,840 plans, ~45 min)
+# SOKOBAN_SFT_STEPS=240 (3,840 plans, ~50 min)
 SOKOBAN_SFT_SEED ?= 10000
 SOKOBAN_SFT_STEPS ?= 120
 SOKOBAN_SFT_RUN ?= repro-sokoban-sft120

@@ -3,10 +3,10 @@
 Reads every stored validation of a run (``runs/<run>/validation/<env>/``) and prints one Markdown
 row per env and iteration: rollouts, the mean number of actions listed in the first reply (executed
 and dropped; the env runs at most ``max_actions_per_turn``; a reply cut before its closing tag counts
-the actions it wrote up to the cut), the share of first replies that list
-more than that, and the malformed turns of all turns with, of them, those cut at the reply-length
-limit (engine finish reason ``length``). A policy that RL teaches to write ever longer action lists
-shows as a rising mean, then as malformed turns cut at the limit.
+the actions it wrote up to the cut), the share of first replies that list more than that, and the
+malformed turns of all turns with, of them, those cut at the reply-length limit (engine finish
+reason ``length``). A policy that RL teaches to write ever longer action lists shows as a rising
+mean, then as malformed turns cut at the limit.
 
     .venv/bin/python scripts/reply_actions.py runs/<run> [--think] [--max-actions 5]
 """
@@ -42,7 +42,7 @@ def reply_counts(rows: list[dict], cfg: PromptConfig) -> dict[int, list[float]]:
         well, finish = row[Col.TURN_WELL_FORMED], row[Col.TURN_FINISH]
         acc[3] += len(well)
         acc[4] += sum(not w for w in well)
-        acc[5] += sum(not w and f == "length" for w, f in zip(well, finish, strict=False))
+        acc[5] += sum(not w and f == "length" for w, f in zip(well, finish, strict=True))
     return per
 
 
