@@ -279,10 +279,12 @@ reproduce-sokoban-sft: model
 # Expert SFT + StarPO-S on Sokoban from the 1,920-plan SFT policy above (no warm-up): LR 1e-5, 8 puzzles x
 # 8 samples (the filter keeps 2 groups = 16 rows, one optimizer step), 24 iterations; validation on the
 # three variants before RL (= SFT alone) and every 12 iterations, compared state by state (~10 min;
-# docs/results.md). Needs that policy first: make reproduce-sokoban-sft
+# docs/results.md). Needs that policy first: make reproduce-sokoban-sft. GRPO instead of the critic:
+# SOKOBAN_SFT_RL_SET="--set starpo.adv_estimator=grpo"
 SOKOBAN_SFT_RL_FROM ?= runs/$(SOKOBAN_SFT_RUN)/hf_model
 SOKOBAN_SFT_RL_SEED ?= 10000
 SOKOBAN_SFT_RL_RUN ?= repro-sokoban-sft120-rl
+SOKOBAN_SFT_RL_SET ?=
 reproduce-sokoban-sft120-rl: model
 	@$(call need_policy,SOKOBAN_SFT_RL_FROM,make reproduce-sokoban-sft)
 	@$(PY) -m ragen_rllib.cli train --config experiments/sokoban_starpo_s.yaml --profile cpu \
@@ -290,7 +292,7 @@ reproduce-sokoban-sft120-rl: model
 		--set "starpo.val_envs=['sokoban','sokoban:new_vocab','sokoban:larger']" --set starpo.val_groups=128 \
 		--set iterations=24 --set starpo.test_freq=12 --set checkpoint_freq=24 \
 		--set warmup.steps=0 --set starpo.model=$(SOKOBAN_SFT_RL_FROM) --set starpo.actor_lr=1.0e-5 \
-		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16
+		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16 $(SOKOBAN_SFT_RL_SET)
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban:new_vocab
 	@$(PY) scripts/paired_validation.py runs/$(SOKOBAN_SFT_RL_RUN) --env sokoban:larger
