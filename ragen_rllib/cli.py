@@ -415,7 +415,7 @@ def cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         with route_library_output(console, _eval_log_dir(model, registered)):
             res = evaluate(model, envs=envs or None, engine=args.engine, overrides=overrides,
                            log=console.summary,  # each line is a result: shown also with -q
-                           policy=args.policy, protocol=protocol)
+                           policy=args.policy, protocol=protocol, out_dir=args.out)
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     if args.json:
@@ -762,6 +762,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", default="model", choices=["model", "random-valid", "expert"],
                     help="who replies: the model, or a reference policy (random valid actions; the expert/BFS ceiling)")
     sp.add_argument("--json", default=None, metavar="PATH", help="also write the metrics as JSON")
+    sp.add_argument("--out", default=None, metavar="DIR",
+                    help="also store the rollouts as DIR/validation/<env>/iter_000000.parquet (a run's layout: "
+                         "scripts/paired_validation.py compares them state by state)")
     sp.add_argument("--env", action="append", help="env[:variant]; default: the run's validation envs")
     sp.add_argument("--engine", default=None, choices=["vllm", "hf"])
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",

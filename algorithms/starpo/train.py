@@ -425,7 +425,8 @@ EVAL_POLICIES = ("model", "random-valid", "expert")
 
 def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: str | None = None,
              overrides: Mapping[str, Any] | None = None, log: Callable[[str], None] = print,
-             policy: str = "model", protocol: Mapping[str, Any] | None = None) -> dict[str, float]:
+             policy: str = "model", protocol: Mapping[str, Any] | None = None,
+             out_dir: str | Path | None = None) -> dict[str, float]:
     """Evaluate a model, or a reference policy, with a run's validation protocol.
 
     The protocol is ``protocol`` (``eval_protocol(params)`` of an experiment), else the one saved
@@ -438,6 +439,9 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
             untrained model). With a demonstration ``policy`` only its tokenizer is used.
         policy: ``"model"``, or ``"random-valid"`` (uniformly random valid actions in the answer
             format) or ``"expert"`` (BFS / shortest-path plans: the ceiling), see ``EVAL_POLICIES``.
+        out_dir: also store each env's rollouts as ``<out_dir>/validation/<env>/iter_000000.parquet``,
+            a run's validation layout, so ``scripts/paired_validation.py`` compares two evaluations
+            (or an evaluation and a run's validations) state by state.
 
     Returns ``{<env>/success, <env>/success_ci95, <env>/pass@k, <env>/well_formed_rate}``.
     """
@@ -454,8 +458,11 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
     from ragen_rllib.prompting.chat_format import ANSWER_CLOSE
     from ragen_rllib.trajectory import rows_to_table
     from ragen_rllib.trajectory.schema import Col
+    from ragen_rllib.trajectory.store import validation_store
     from ragen_rllib.trajectory.summary import summarize
 
+    # The rows carry the store's run id (its folder name); a bad name fails now, not after the rollouts.
+    store_id = validation_store(out_dir, "check").run_id if out_dir is not None else ""
     model_dir = Path(model_dir)
     if (model_dir / "hf_model").is_dir():  # a run folder or checkpoint parent
         model_dir = model_dir / "hf_model"
@@ -488,7 +495,10 @@ def evaluate(model_dir: str | Path, envs: Sequence[str] | None = None, engine: s
                                                        else (),
                                                        temperature=proto["val_temperature"]))
             groups = [(10**9 + g, proto["val_seed"] + g) for g in range(proto["val_groups"])]
-            rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"], demo_fn=demo_fn).rows
+            rows = RolloutLoop(eng, tok, spec).run(groups, sampling_seed=proto["val_seed"], demo_fn=demo_fn,
+                                                   run_id=store_id).rows
+            if out_dir is not None:
+                validation_store(out_dir, env).write(0, rows_to_table(rows), overwrite=True)
             mean, half = success_ci95(np.array([r[Col.SUCCESS] for r in rows], dtype=float))
             per_state: dict[int, list[bool]] = {}
             for r in rows:

