@@ -19,6 +19,10 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   compute them, ``StarPOParams.mi_every``): RAGEN-2's (2026) *template collapse*, replies that no
   longer depend on the prompt, measured as the mutual information between prompt and reply
   (``ragen_rllib.core.collapse``). It can hide behind a high entropy.
+- ``format_drift`` (``rollout/well_formed_rate``): not one of the paper's signals. The share of
+  malformed replies rises well above the lowest it reached in the run: the policy drifts out of
+  the reply format (e.g. replies that grow until they are cut at the response-length limit). In
+  this project's FrozenLake runs a collapse came this way, with none of the signals above.
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -48,6 +52,7 @@ RESPONSE_LENGTH_KEY = "rollout/response_length_mean"  # mean sampled tokens per 
 IDENTICAL_KEY = "rollout/identical_response_frac"  # see identical_response_fraction()
 MI_ZSCORE_KEY = "echo/mi_zscore"  # MI estimate / std of the marginal (ragen_rllib.core.collapse)
 MI_ABOVE_CHANCE_KEY = "echo/mi_retrieval_above_chance"  # prompt retrieval accuracy - chance level
+WELL_FORMED_KEY = "rollout/well_formed_rate"  # fraction of sampled turns that parse as a valid reply
 
 STD_COLLAPSE = "std_collapse"
 ENTROPY_COLLAPSE = "entropy_collapse"
@@ -55,9 +60,10 @@ GRAD_NORM_SPIKE = "grad_norm_spike"
 RESPONSE_LENGTH_COLLAPSE = "response_length_collapse"
 IDENTICAL_RESPONSES = "identical_responses"
 MI_COLLAPSE = "mi_collapse"
+FORMAT_DRIFT = "format_drift"
 #: All signal names, in the order ``update`` evaluates them.
 SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES,
-           MI_COLLAPSE)
+           MI_COLLAPSE, FORMAT_DRIFT)
 #: Prefix of the 0/1 flag metrics returned by ``EchoTrapMonitor.flags``.
 FLAG_PREFIX = "echo/"
 
@@ -150,8 +156,12 @@ class EchoTrapMonitor:
             None (that half off). Not while the success EMA is at least ``solved_success``: a
             solved task with one right answer (the Bandit) needs no prompt-dependent reply. The
             MI metrics come every few iterations, so the EMA's memory is in computations.
+        format_drift_rise: ``format_drift`` fires when the EMA of the malformed share
+            (1 - ``well_formed_key``) exceeds its lowest EMA since the warm-up by more than this
+            (an absolute share). The lowest value, not the early one, is the reference, so a run
+            that starts malformed and learns the format does not fire, and one that loses it does.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
-            mi_zscore_key, mi_above_chance_key: the metric keys read (module constants ``*_KEY``).
+            mi_zscore_key, mi_above_chance_key, well_formed_key: the metric keys read (module constants ``*_KEY``).
     """
 
     window: int = 5
@@ -165,6 +175,7 @@ class EchoTrapMonitor:
     identical_frac_threshold: float = 0.5
     mi_zscore_min: float | None = 0.5
     mi_above_chance_min: float | None = 0.05
+    format_drift_rise: float = 0.1
     std_key: str = STD_KEY
     success_key: str = SUCCESS_KEY
     entropy_key: str = ENTROPY_KEY
@@ -173,6 +184,7 @@ class EchoTrapMonitor:
     identical_key: str = IDENTICAL_KEY
     mi_zscore_key: str = MI_ZSCORE_KEY
     mi_above_chance_key: str = MI_ABOVE_CHANCE_KEY
+    well_formed_key: str = WELL_FORMED_KEY
 
     _ema: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -181,6 +193,7 @@ class EchoTrapMonitor:
     _success_at_std_max: float | None = field(default=None, init=False, repr=False)
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
     _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
+    _malformed_min: float | None = field(default=None, init=False, repr=False)  # lowest malformed EMA after warm-up
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +212,8 @@ class EchoTrapMonitor:
         for name in ("mi_zscore_min", "mi_above_chance_min"):
             if getattr(self, name) is not None and _finite(getattr(self, name)) is None:
                 raise ValueError(f"EchoTrapMonitor.{name} must be a finite number or None, got {getattr(self, name)!r}")
+        if not 0.0 < self.format_drift_rise < 1.0:
+            raise ValueError(f"EchoTrapMonitor.format_drift_rise must be in (0, 1), got {self.format_drift_rise}")
         self._grad_norms = deque(maxlen=self.window)
 
     @property
@@ -230,6 +245,7 @@ class EchoTrapMonitor:
                              "response length", "reasoning is shrinking (paper Fig. 11)"),
             self._check_identical(metrics),
             self._check_mi(metrics, success),
+            self._check_format(metrics),
         )
         fired = []
         for name, check in zip(SIGNALS, checks, strict=False):
@@ -336,6 +352,22 @@ class EchoTrapMonitor:
         msg = (f"{what} {key} (EMA {ema:.4g}) fell below {threshold:g}: replies depend less and less on the "
                "prompt (RAGEN-2 template collapse), whatever their entropy.")
         return True, ema, threshold, msg
+
+    def _check_format(self, metrics):
+        well_formed = _finite(metrics.get(self.well_formed_key))
+        if well_formed is None:
+            return None
+        key = "malformed:" + self.well_formed_key  # the EMA is of 1 - well-formed rate
+        ema = self._observe({key: 1.0 - well_formed}, key)
+        if self._count[key] < self.window:
+            return False, ema, float("nan"), ""
+        if self._malformed_min is None or ema < self._malformed_min:
+            self._malformed_min = ema
+        on = ema > self._malformed_min + self.format_drift_rise
+        msg = (f"the malformed share 1 - {self.well_formed_key} (EMA {ema:.3g}) rose more than "
+               f"{self.format_drift_rise:g} above its lowest EMA {self._malformed_min:.3g}: the policy is drifting "
+               "out of the reply format (over-long replies cut at the length limit, for one).")
+        return on, ema, self._malformed_min, msg
 
 
 def _finite(x: object) -> float | None:

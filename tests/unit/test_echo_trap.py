@@ -26,6 +26,7 @@ from ragen_rllib.tracking.echo_trap import (
     SIGNALS,
     STD_KEY,
     SUCCESS_KEY,
+    WELL_FORMED_KEY,
     EchoTrapMonitor,
     identical_response_fraction,
 )
@@ -194,10 +195,31 @@ def test_mi_metrics_leave_the_other_signals_alone() -> None:
     assert [n for n, _ in _feed(EchoTrapMonitor(), rows) if n != "mi_collapse"] == _feed(EchoTrapMonitor(), base)
 
 
+def test_format_drift_hand_computed() -> None:
+    # window 5, alpha 0.3: five well-formed iterations leave the malformed EMA at 0 (its lowest).
+    # wf 0.7 -> EMA 0.3 * 0.3 = 0.09, not > 0 + 0.1; wf 0.7 again -> 0.09 + 0.7 * 0.09 = 0.153 > 0.1: fires.
+    good = [{WELL_FORMED_KEY: 1.0}] * 5
+    assert _feed(EchoTrapMonitor(), good + [{WELL_FORMED_KEY: 0.7}] * 2) == [("format_drift", 6)]
+    # One bad batch alone: 0.4 malformed -> EMA 0.12 > 0.1 fires at once, and recovery switches it off.
+    m = EchoTrapMonitor()
+    assert _feed(m, good + [{WELL_FORMED_KEY: 0.6}]) == [("format_drift", 5)]
+    _feed(m, [{WELL_FORMED_KEY: 1.0}] * 3)  # 0.12 -> 0.084 -> 0.059 -> 0.041
+    assert m.active["format_drift"] is False
+    # A run that starts malformed and learns the format: the EMA only falls, so it never fires;
+    # neither does a rise during the warm-up (no reference yet).
+    learning = [{WELL_FORMED_KEY: 0.5}] * 5 + [{WELL_FORMED_KEY: 0.9 + 0.01 * i} for i in range(10)]
+    assert _feed(EchoTrapMonitor(), learning) == []
+    assert _feed(EchoTrapMonitor(), [{WELL_FORMED_KEY: 1.0}, {WELL_FORMED_KEY: 0.0}, {WELL_FORMED_KEY: 0.0}]) == []
+    # The reference is the lowest EMA, not the early one: drift after a recovery still counts.
+    late = [{WELL_FORMED_KEY: 0.5}] * 5 + [{WELL_FORMED_KEY: 1.0}] * 15 + [{WELL_FORMED_KEY: 0.5}]
+    assert _feed(EchoTrapMonitor(), late) == [("format_drift", 20)]
+
+
 @pytest.mark.parametrize(("kwargs", "field_name"), [
     ({"mi_zscore_min": float("nan")}, "mi_zscore_min"), ({"mi_above_chance_min": "x"}, "mi_above_chance_min"),
     ({"window": 0}, "window"), ({"ema_alpha": 0.0}, "ema_alpha"), ({"std_collapse_frac": 1.5}, "std_collapse_frac"),
     ({"grad_norm_spike_k": 1.0}, "grad_norm_spike_k"), ({"identical_frac_threshold": 1.0}, "identical_frac_threshold"),
+    ({"format_drift_rise": 0.0}, "format_drift_rise"),
 ])
 def test_monitor_validates_fields(kwargs: dict, field_name: str) -> None:
     with pytest.raises(ValueError, match=field_name):
