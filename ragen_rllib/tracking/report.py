@@ -498,17 +498,19 @@ def echo_alarms(steps: Sequence[Mapping[str, float]]) -> list[tuple[int, str, st
     """The Echo-Trap alarms of a run: ``(step, signal, message)`` where a signal switched on.
 
     The steps come from the logged ``echo/<signal>`` flags (a 0 -> 1 change); the monitor replayed
-    over the history supplies the messages, and the steps too for a history without flags.
+    over the history supplies the messages, and the steps too for a signal the history has no flag
+    of (a run logged before that signal existed).
     """
     replayed: dict[tuple[int, str], str] = {}
     monitor = EchoTrapMonitor()
     for i, m in enumerate(steps):
         for sig in monitor.update(m, step=i):
             replayed[(sig.step, sig.name)] = sig.message
-    if not any(FLAG_PREFIX + name in m for m in steps for name in SIGNALS):
-        return [(s, n, msg) for (s, n), msg in sorted(replayed.items())]
     out = []
     for name in SIGNALS:
+        if not any(FLAG_PREFIX + name in m for m in steps):
+            out += [(s, n, msg) for (s, n), msg in replayed.items() if n == name]
+            continue
         prev = 0.0
         for i, m in enumerate(steps):
             on = m.get(FLAG_PREFIX + name)

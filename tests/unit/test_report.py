@@ -150,6 +150,10 @@ def test_echo_alarms_from_flags_and_from_a_replay() -> None:
     assert "more than 5 x the median" in alarms[0][2]  # the monitor's own message
     unflagged = [{k: v for k, v in m.items() if not k.startswith("echo/")} for m in steps]
     assert [(s, n) for s, n, _ in R.echo_alarms(unflagged)] == [(5, "grad_norm_spike")]
+    # A signal the run logged no flag for (added after the run) comes from the replay, next to the
+    # logged flags: the malformed share rises 0 -> 0.4 at step 5 (EMA 0.12 > 0 + 0.1).
+    older = [dict(m, **{"rollout/well_formed_rate": 1.0 if i < 5 else 0.6}) for i, m in enumerate(steps)]
+    assert [(s, n) for s, n, _ in R.echo_alarms(older)] == [(5, "format_drift"), (5, "grad_norm_spike")]
 
 
 def test_report_of_a_run_without_trajectories_or_metrics(tmp_path: Path) -> None:
