@@ -2,9 +2,11 @@
 
 Panels (x = RL iteration): training and validation success; in-group reward std
 (``filter/std_all_mean``); policy entropy; the actor's gradient norm before clipping
-(``actor/grad_norm``); the fraction of groups whose samples were identical; the MI diagnostic's
-retrieval accuracy above chance (computed every ``mi_every`` iterations). A dotted vertical line
-marks the first iteration each Echo-Trap signal fired, per run (the run's colour).
+(``actor/grad_norm``); the fraction of groups whose samples were identical; the well-formed
+rate of the training batch; the MI diagnostic's retrieval accuracy above chance (computed every
+``mi_every`` iterations). A dotted vertical line marks the first iteration each Echo-Trap signal
+fired, per run (the run's colour): the logged flags, and the monitor replayed over the metrics for
+a signal the run logged no flag of (``tracking.report.echo_alarms``).
 Prints that table too.
 
     .venv/bin/python scripts/plot_echo_trap_runs.py runs/<run> [runs/<run> ...] --out docs/<name>.png
@@ -16,11 +18,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
+from ragen_rllib.tracking.report import echo_alarms
 
 PANELS = (("rollout/success", "success (train: line, val: dots)"), ("filter/std_all_mean", "in-group reward std"),
           ("actor/entropy", "entropy (nats/token)"), ("actor/grad_norm", "grad norm (before clipping)"),
           ("rollout/identical_response_frac", "identical-sample groups"),
+          ("rollout/well_formed_rate", "well-formed rate (train)"),
           ("echo/mi_retrieval_above_chance", "MI retrieval above chance"))
 
 
@@ -31,12 +34,10 @@ def load(run: Path) -> list[tuple[int, dict[str, float]]]:
 
 
 def first_flags(rows: list[tuple[int, dict[str, float]]]) -> dict[str, int]:
-    """Signal name -> the first iteration its 0/1 flag was set."""
+    """Signal name -> the first iteration it switched on (logged flag, or replayed where unlogged)."""
     first: dict[str, int] = {}
-    for step, m in rows:
-        for s in SIGNALS:
-            if m.get(FLAG_PREFIX + s) and s not in first:
-                first[s] = step
+    for index, name, _ in echo_alarms([m for _, m in rows]):
+        first.setdefault(name, rows[index][0])
     return first
 
 
