@@ -4,9 +4,11 @@ For each run folder, prints every iteration (1-based) at which an Echo-Trap sign
 the logged ``echo/<signal>`` flags where the run logged that signal, and the current
 ``EchoTrapMonitor`` replayed over ``metrics.jsonl`` for a signal the run has no flag of (one added
 after the run, such as ``format_drift``). Next to each alarm: the run's last validation success
-at or before that iteration, so one can see whether the alarm came before a fall.
+at or before that iteration, so one can see whether the alarm came before a fall. With
+``--replay`` the logged flags are ignored and every signal comes from the current monitor (for a
+run logged under older thresholds).
 
-    .venv/bin/python scripts/echo_alarms.py runs/<run> [runs/<run> ...]
+    .venv/bin/python scripts/echo_alarms.py [--replay] runs/<run> [runs/<run> ...]
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
 from ragen_rllib.tracking.report import echo_alarms, read_history
+
+FLAGS = {FLAG_PREFIX + s for s in SIGNALS}
 
 
 def _validation(step: dict[str, float]) -> float | None:
@@ -23,14 +28,18 @@ def _validation(step: dict[str, float]) -> float | None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    replay = "--replay" in argv
+    runs = [a for a in argv if a != "--replay"]
+    if not runs:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    for run in argv:
+    for run in runs:
         if not (Path(run) / "metrics.jsonl").is_file():
             print(f"error: no metrics.jsonl in {run}", file=sys.stderr)
             return 2
         steps = read_history(run).steps
+        if replay:
+            steps = [{k: v for k, v in m.items() if k not in FLAGS} for m in steps]
         print(f"== {run}: {len(steps)} logged steps")
         alarms = echo_alarms(steps)
         if not alarms:

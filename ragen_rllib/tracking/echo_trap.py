@@ -125,7 +125,7 @@ class EchoTrapMonitor:
     keys and non-finite values are skipped (that signal is simply not evaluated at that step),
     except a non-finite grad norm, which counts as a spike. EMA-smoothed signals need ``window``
     observations before they can fire (warm-up); ``identical_responses`` uses an absolute threshold
-    and can fire at once.
+    and can fire at once, and ``format_drift`` compares with its own lowest EMA from the start.
 
     ``update`` returns only the signals that switched *on* at that step (one warning per episode of
     trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all signals.
@@ -158,8 +158,9 @@ class EchoTrapMonitor:
             MI metrics come every few iterations, so the EMA's memory is in computations.
         format_drift_rise: ``format_drift`` fires when the EMA of the malformed share
             (1 - ``well_formed_key``) exceeds its lowest EMA since the warm-up by more than this
-            (an absolute share). The lowest value, not the early one, is the reference, so a run
-            that starts malformed and learns the format does not fire, and one that loses it does.
+            (an absolute share), from the second iteration on (no warm-up). The lowest value, not
+            the early one, is the reference, so a run that starts malformed and learns the format
+            does not fire, and one that loses it does, in its first update too.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
             mi_zscore_key, mi_above_chance_key, well_formed_key: the metric keys read (module constants ``*_KEY``).
     """
@@ -193,7 +194,7 @@ class EchoTrapMonitor:
     _success_at_std_max: float | None = field(default=None, init=False, repr=False)
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
     _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
-    _malformed_min: float | None = field(default=None, init=False, repr=False)  # lowest malformed EMA after warm-up
+    _malformed_min: float | None = field(default=None, init=False, repr=False)  # lowest malformed EMA so far
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -359,8 +360,9 @@ class EchoTrapMonitor:
             return None
         key = "malformed:" + self.well_formed_key  # the EMA is of 1 - well-formed rate
         ema = self._observe({key: 1.0 - well_formed}, key)
-        if self._count[key] < self.window:
-            return False, ema, float("nan"), ""
+        # No warm-up: the reference is the lowest EMA so far, from the first iteration on, so a
+        # policy that loses the format in its first update is caught, and one that starts
+        # malformed and learns the format is not (its EMA only falls).
         if self._malformed_min is None or ema < self._malformed_min:
             self._malformed_min = ema
         on = ema > self._malformed_min + self.format_drift_rise

@@ -40,6 +40,15 @@ def test_replayed_format_drift_with_the_validation_before_it(tmp_path: Path) -> 
     assert lines[3:] == [f"== {quiet}: 7 logged steps", "   no alarm"]
 
 
+def test_replay_ignores_the_logged_flags(tmp_path: Path) -> None:
+    # Logged under an older rule: format_drift flagged 0 throughout; the replay fires at iteration 2.
+    run = tmp_path / "old"
+    _write(run, [{"rollout/well_formed_rate": wf, "echo/format_drift": 0.0} for wf in (1.0, 0.0, 0.0)])
+    assert _run(str(run)).stdout.splitlines()[1:] == ["   no alarm"]
+    lines = _run("--replay", str(run)).stdout.splitlines()
+    assert lines[1] == "   iteration 2: format_drift (no validation yet; first nan)"
+
+
 def test_a_folder_without_metrics_is_a_one_line_error(tmp_path: Path) -> None:
     p = _run(str(tmp_path))
     assert p.returncode == 2 and p.stderr.strip() == f"error: no metrics.jsonl in {tmp_path}"

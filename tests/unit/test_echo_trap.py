@@ -205,11 +205,14 @@ def test_format_drift_hand_computed() -> None:
     assert _feed(m, good + [{WELL_FORMED_KEY: 0.6}]) == [("format_drift", 5)]
     _feed(m, [{WELL_FORMED_KEY: 1.0}] * 3)  # 0.12 -> 0.084 -> 0.059 -> 0.041
     assert m.active["format_drift"] is False
-    # A run that starts malformed and learns the format: the EMA only falls, so it never fires;
-    # neither does a rise during the warm-up (no reference yet).
+    # A run that starts malformed and learns the format: the EMA only falls, so it never fires.
     learning = [{WELL_FORMED_KEY: 0.5}] * 5 + [{WELL_FORMED_KEY: 0.9 + 0.01 * i} for i in range(10)]
     assert _feed(EchoTrapMonitor(), learning) == []
-    assert _feed(EchoTrapMonitor(), [{WELL_FORMED_KEY: 1.0}, {WELL_FORMED_KEY: 0.0}, {WELL_FORMED_KEY: 0.0}]) == []
+    # No warm-up: a policy that loses the format in its first update fires at the second iteration
+    # (EMA 0.3 * 1.0 = 0.3 > 0 + 0.1); a small wobble does not (0.3 * 0.3 = 0.09).
+    assert _feed(EchoTrapMonitor(), [{WELL_FORMED_KEY: 1.0}, {WELL_FORMED_KEY: 0.0}, {WELL_FORMED_KEY: 0.0}]) == [
+        ("format_drift", 1)]
+    assert _feed(EchoTrapMonitor(), [{WELL_FORMED_KEY: 1.0}, {WELL_FORMED_KEY: 0.7}]) == []
     # The reference is the lowest EMA, not the early one: drift after a recovery still counts.
     late = [{WELL_FORMED_KEY: 0.5}] * 5 + [{WELL_FORMED_KEY: 1.0}] * 15 + [{WELL_FORMED_KEY: 0.5}]
     assert _feed(EchoTrapMonitor(), late) == [("format_drift", 20)]
