@@ -6,10 +6,11 @@ Panels (x = RL iteration): training and validation success; in-group reward std
 rate of the training batch; the MI diagnostic's retrieval accuracy above chance (computed every
 ``mi_every`` iterations). A dotted vertical line marks the first iteration each Echo-Trap signal
 fired, per run (the run's colour): the logged flags, and the monitor replayed over the metrics for
-a signal the run logged no flag of (``tracking.report.echo_alarms``).
+a signal the run logged no flag of (``tracking.report.echo_alarms``); with ``--replay``, the
+monitor replayed for every signal (a run logged under older thresholds).
 Prints that table too.
 
-    .venv/bin/python scripts/plot_echo_trap_runs.py runs/<run> [runs/<run> ...] --out docs/<name>.png
+    .venv/bin/python scripts/plot_echo_trap_runs.py runs/<run> [runs/<run> ...] --out docs/<name>.png [--replay]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ragen_rllib.tracking.echo_trap import FLAG_PREFIX
 from ragen_rllib.tracking.report import echo_alarms
 
 PANELS = (("rollout/success", "success (train: line, val: dots)"), ("filter/std_all_mean", "in-group reward std"),
@@ -33,10 +35,12 @@ def load(run: Path) -> list[tuple[int, dict[str, float]]]:
     return [(int(r["step"]), r["metrics"]) for r in rows]
 
 
-def first_flags(rows: list[tuple[int, dict[str, float]]]) -> dict[str, int]:
-    """Signal name -> the first iteration it switched on (logged flag, or replayed where unlogged)."""
+def first_flags(rows: list[tuple[int, dict[str, float]]], replay: bool = False) -> dict[str, int]:
+    """Signal name -> the first iteration it switched on (logged flag, or replayed where unlogged;
+    all replayed with ``replay``)."""
     first: dict[str, int] = {}
-    for index, name, _ in echo_alarms([m for _, m in rows]):
+    steps = [{k: v for k, v in m.items() if not (replay and k.startswith(FLAG_PREFIX))} for _, m in rows]
+    for index, name, _ in echo_alarms(steps):
         first.setdefault(name, rows[index][0])
     return first
 
@@ -45,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--replay", action="store_true", help="replay the monitor for every signal, ignoring logged flags")
     args = ap.parse_args()
     import matplotlib
 
@@ -54,7 +59,7 @@ def main() -> None:
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(8, 2.0 * len(PANELS)), sharex=True)
     for k, run in enumerate(args.runs):
         rows, colour = load(run), f"C{k}"
-        flags = first_flags(rows)
+        flags = first_flags(rows, args.replay)
         order = sorted(flags.items(), key=lambda x: x[1])
         print(f"{run.name}: first signals " + ", ".join(f"{s} {i}" for s, i in order))
         for ax, (key, title) in zip(axes, PANELS, strict=True):
