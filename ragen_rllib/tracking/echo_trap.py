@@ -157,8 +157,8 @@ class EchoTrapMonitor:
             solved task with one right answer (the Bandit) needs no prompt-dependent reply. The
             MI metrics come every few iterations, so the EMA's memory is in computations.
         format_drift_rise: ``format_drift`` fires when the EMA of the malformed share
-            (1 - ``well_formed_key``) exceeds its lowest EMA since the warm-up by more than this
-            (an absolute share), from the second iteration on (no warm-up). The lowest value, not
+            (1 - ``well_formed_key``) exceeds its lowest EMA so far by more than this (an
+            absolute share), from the second iteration on (no warm-up). The lowest value, not
             the early one, is the reference, so a run that starts malformed and learns the format
             does not fire, and one that loses it does, in its first update too.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
