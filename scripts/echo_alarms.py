@@ -16,10 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ragen_rllib.tracking.echo_trap import FLAG_PREFIX, SIGNALS
 from ragen_rllib.tracking.report import echo_alarms, read_history
-
-FLAGS = {FLAG_PREFIX + s for s in SIGNALS}
 
 
 def _validation(step: dict[str, float]) -> float | None:
@@ -38,10 +35,8 @@ def main(argv: list[str]) -> int:
             print(f"error: no metrics.jsonl in {run}", file=sys.stderr)
             return 2
         steps = read_history(run).steps
-        if replay:
-            steps = [{k: v for k, v in m.items() if k not in FLAGS} for m in steps]
         print(f"== {run}: {len(steps)} logged steps")
-        alarms = echo_alarms(steps)
+        alarms = echo_alarms(steps, replay)
         if not alarms:
             print("   no alarm")
         for step, name, message in alarms:

@@ -19,7 +19,6 @@ import argparse
 import json
 from pathlib import Path
 
-from ragen_rllib.tracking.echo_trap import FLAG_PREFIX
 from ragen_rllib.tracking.report import echo_alarms
 
 PANELS = (("rollout/success", "success (train: line, val: dots)"), ("filter/std_all_mean", "in-group reward std"),
@@ -39,8 +38,7 @@ def first_flags(rows: list[tuple[int, dict[str, float]]], replay: bool = False) 
     """Signal name -> the first iteration it switched on (logged flag, or replayed where unlogged;
     all replayed with ``replay``)."""
     first: dict[str, int] = {}
-    steps = [{k: v for k, v in m.items() if not (replay and k.startswith(FLAG_PREFIX))} for _, m in rows]
-    for index, name, _ in echo_alarms(steps):
+    for index, name, _ in echo_alarms([m for _, m in rows], replay):
         first.setdefault(name, rows[index][0])
     return first
 

@@ -494,13 +494,18 @@ def _val_curves(hist: History, val_episodes: int | None) -> list[Series]:
     return out
 
 
-def echo_alarms(steps: Sequence[Mapping[str, float]]) -> list[tuple[int, str, str]]:
+def echo_alarms(steps: Sequence[Mapping[str, float]], replay: bool = False) -> list[tuple[int, str, str]]:
     """The Echo-Trap alarms of a run: ``(step, signal, message)`` where a signal switched on.
 
     The steps come from the logged ``echo/<signal>`` flags (a 0 -> 1 change); the monitor replayed
     over the history supplies the messages, and the steps too for a signal the history has no flag
-    of (a run logged before that signal existed).
+    of (a run logged before that signal existed). With ``replay`` the logged flags are ignored and
+    every signal comes from the current monitor (a run logged under older thresholds); the
+    ``echo/mi_*`` values it reads stay.
     """
+    if replay:
+        flags = {FLAG_PREFIX + name for name in SIGNALS}
+        steps = [{k: v for k, v in m.items() if k not in flags} for m in steps]
     replayed: dict[tuple[int, str], str] = {}
     monitor = EchoTrapMonitor()
     for i, m in enumerate(steps):

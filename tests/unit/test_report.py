@@ -154,6 +154,12 @@ def test_echo_alarms_from_flags_and_from_a_replay() -> None:
     # logged flags: the malformed share rises 0 -> 0.4 at step 5 (EMA 0.12 > 0 + 0.1).
     older = [dict(m, **{"rollout/well_formed_rate": 1.0 if i < 5 else 0.6}) for i, m in enumerate(steps)]
     assert [(s, n) for s, n, _ in R.echo_alarms(older)] == [(5, "format_drift"), (5, "grad_norm_spike")]
+    # replay=True ignores every logged flag (a run logged under older thresholds) but keeps the
+    # echo/mi_* values the monitor reads: the z-score EMA 2.0, 1.4, 0.98, 0.686, 0.480 falls below
+    # 0.5 at step 4.
+    stale = [{"echo/mi_zscore": z, "echo/mi_collapse": 0.0, "echo/grad_norm_spike": 1.0} for z in (2.0, 0, 0, 0, 0)]
+    assert R.echo_alarms(stale) == [(0, "grad_norm_spike", "[echo-trap] step 0: grad_norm_spike switched on")]
+    assert [(s, n) for s, n, _ in R.echo_alarms(stale, replay=True)] == [(4, "mi_collapse")]
 
 
 def test_report_of_a_run_without_trajectories_or_metrics(tmp_path: Path) -> None:
