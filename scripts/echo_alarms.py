@@ -42,7 +42,8 @@ def main(argv: list[str]) -> int:
         for step, name, message in alarms:
             seen = [(i, v) for i, m in enumerate(steps[: step + 1]) if (v := _validation(m)) is not None]
             val = f"validation {seen[-1][1]:.3f} at iteration {seen[-1][0]}" if seen else "no validation yet"
-            print(f"   iteration {step + 1}: {name} ({val}; first {_validation(steps[0]) or float('nan'):.3f})")
+            first = _validation(steps[0])
+            print(f"   iteration {step + 1}: {name} ({val}; first {float('nan') if first is None else first:.3f})")
             print(f"      {message}")
     return 0
 

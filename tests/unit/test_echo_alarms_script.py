@@ -47,6 +47,11 @@ def test_replay_ignores_the_logged_flags(tmp_path: Path) -> None:
     assert _run(str(run)).stdout.splitlines()[1:] == ["   no alarm"]
     lines = _run("--replay", str(run)).stdout.splitlines()
     assert lines[1] == "   iteration 2: format_drift (no validation yet; first nan)"
+    # A first validation of 0.000 is printed as such, not as a missing one.
+    zero = tmp_path / "zero"
+    _write(zero, [{"rollout/well_formed_rate": 1.0, "val/frozen_lake/success": 0.0}, {"rollout/well_formed_rate": 0.0}])
+    assert _run(str(zero)).stdout.splitlines()[1] == (
+        "   iteration 2: format_drift (validation 0.000 at iteration 0; first 0.000)")
 
 
 def test_a_folder_without_metrics_is_a_one_line_error(tmp_path: Path) -> None:
