@@ -23,6 +23,11 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   malformed replies rises well above the lowest it reached in the run: the policy drifts out of
   the reply format (e.g. replies that grow until they are cut at the response-length limit). In
   this project's FrozenLake runs a collapse came this way, with none of the signals above.
+- ``reply_growth`` (``rollout/tokens_per_turn``): not one of the paper's signals either, the
+  opposite of ``response_length_collapse``: the reply length per turn grows well above the
+  shortest it reached. In this project's FrozenLake runs (bare ``<answer>`` replies of ~6 tokens)
+  replies grew for several iterations before the format drift and the fall in success that
+  followed; it also fires on growth that ends in no fall, so it is a warning, not a verdict.
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -53,6 +58,7 @@ IDENTICAL_KEY = "rollout/identical_response_frac"  # see identical_response_frac
 MI_ZSCORE_KEY = "echo/mi_zscore"  # MI estimate / std of the marginal (ragen_rllib.core.collapse)
 MI_ABOVE_CHANCE_KEY = "echo/mi_retrieval_above_chance"  # prompt retrieval accuracy - chance level
 WELL_FORMED_KEY = "rollout/well_formed_rate"  # fraction of sampled turns that parse as a valid reply
+TOKENS_PER_TURN_KEY = "rollout/tokens_per_turn"  # mean sampled tokens per turn (reply length, tokens)
 
 STD_COLLAPSE = "std_collapse"
 ENTROPY_COLLAPSE = "entropy_collapse"
@@ -61,9 +67,10 @@ RESPONSE_LENGTH_COLLAPSE = "response_length_collapse"
 IDENTICAL_RESPONSES = "identical_responses"
 MI_COLLAPSE = "mi_collapse"
 FORMAT_DRIFT = "format_drift"
+REPLY_GROWTH = "reply_growth"
 #: All signal names, in the order ``update`` evaluates them.
 SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES,
-           MI_COLLAPSE, FORMAT_DRIFT)
+           MI_COLLAPSE, FORMAT_DRIFT, REPLY_GROWTH)
 #: Prefix of the 0/1 flag metrics returned by ``EchoTrapMonitor.flags``.
 FLAG_PREFIX = "echo/"
 
@@ -125,7 +132,8 @@ class EchoTrapMonitor:
     keys and non-finite values are skipped (that signal is simply not evaluated at that step),
     except a non-finite grad norm, which counts as a spike. EMA-smoothed signals need ``window``
     observations before they can fire (warm-up); ``identical_responses`` uses an absolute threshold
-    and can fire at once, and ``format_drift`` compares with its own lowest EMA from the start.
+    and can fire at once, and ``format_drift`` and ``reply_growth`` compare with their own lowest
+    EMA from the start.
 
     ``update`` returns only the signals that switched *on* at that step (one warning per episode of
     trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all signals.
@@ -161,8 +169,14 @@ class EchoTrapMonitor:
             absolute share), from the second iteration on (no warm-up). The lowest value, not
             the early one, is the reference, so a run that starts malformed and learns the format
             does not fire, and one that loses it does, in its first update too.
+        reply_growth_frac: ``reply_growth`` fires when the EMA of the reply length per turn
+            (``tokens_per_turn_key``) exceeds this multiple of its lowest EMA so far, from the second
+            iteration on (no warm-up). 1.5 was chosen on this project's FrozenLake runs at actor LR
+            5e-5 and 1e-5 (docs/results.md), where it fired before the deepest point of both
+            format-drift falls and also in two runs without a significant fall.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
-            mi_zscore_key, mi_above_chance_key, well_formed_key: the metric keys read (module constants ``*_KEY``).
+            mi_zscore_key, mi_above_chance_key, well_formed_key, tokens_per_turn_key: the metric keys
+            read (module constants ``*_KEY``).
     """
 
     window: int = 5
@@ -177,6 +191,7 @@ class EchoTrapMonitor:
     mi_zscore_min: float | None = 0.5
     mi_above_chance_min: float | None = 0.05
     format_drift_rise: float = 0.1
+    reply_growth_frac: float = 1.5
     std_key: str = STD_KEY
     success_key: str = SUCCESS_KEY
     entropy_key: str = ENTROPY_KEY
@@ -186,6 +201,7 @@ class EchoTrapMonitor:
     mi_zscore_key: str = MI_ZSCORE_KEY
     mi_above_chance_key: str = MI_ABOVE_CHANCE_KEY
     well_formed_key: str = WELL_FORMED_KEY
+    tokens_per_turn_key: str = TOKENS_PER_TURN_KEY
 
     _ema: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -195,6 +211,7 @@ class EchoTrapMonitor:
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
     _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
     _malformed_min: float | None = field(default=None, init=False, repr=False)  # lowest malformed EMA so far
+    _reply_min: float | None = field(default=None, init=False, repr=False)  # lowest reply-length EMA so far
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -215,6 +232,9 @@ class EchoTrapMonitor:
                 raise ValueError(f"EchoTrapMonitor.{name} must be a finite number or None, got {getattr(self, name)!r}")
         if not 0.0 < self.format_drift_rise < 1.0:
             raise ValueError(f"EchoTrapMonitor.format_drift_rise must be in (0, 1), got {self.format_drift_rise}")
+        if not (self.reply_growth_frac > 1.0 and math.isfinite(self.reply_growth_frac)):
+            raise ValueError(
+                f"EchoTrapMonitor.reply_growth_frac must be a finite number > 1, got {self.reply_growth_frac}")
         self._grad_norms = deque(maxlen=self.window)
 
     @property
@@ -247,6 +267,7 @@ class EchoTrapMonitor:
             self._check_identical(metrics),
             self._check_mi(metrics, success),
             self._check_format(metrics),
+            self._check_reply_growth(metrics),
         )
         fired = []
         for name, check in zip(SIGNALS, checks, strict=False):
@@ -370,6 +391,22 @@ class EchoTrapMonitor:
                f"{self.format_drift_rise:g} above its lowest EMA {self._malformed_min:.3g}: the policy is drifting "
                "out of the reply format (over-long replies cut at the length limit, for one).")
         return on, ema, self._malformed_min, msg
+
+    def _check_reply_growth(self, metrics):
+        if _finite(metrics.get(self.tokens_per_turn_key)) is None:
+            return None
+        ema = self._observe(metrics, self.tokens_per_turn_key)
+        # Same reference as format_drift: the lowest EMA so far, no warm-up.
+        if self._reply_min is None or ema < self._reply_min:
+            self._reply_min = ema
+        if self._reply_min <= 0.0:
+            return False, ema, self._reply_min, ""
+        on = ema > self.reply_growth_frac * self._reply_min
+        msg = (f"reply length {self.tokens_per_turn_key} (EMA {ema:.3g} tokens) grew above "
+               f"{self.reply_growth_frac:g} x its shortest EMA {self._reply_min:.3g}: replies are growing, which "
+               "came before the format drift and the fall in success in this project's FrozenLake runs "
+               "(and also without a fall).")
+        return on, ema, self._reply_min, msg
 
 
 def _finite(x: object) -> float | None:

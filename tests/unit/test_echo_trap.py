@@ -26,6 +26,7 @@ from ragen_rllib.tracking.echo_trap import (
     SIGNALS,
     STD_KEY,
     SUCCESS_KEY,
+    TOKENS_PER_TURN_KEY,
     WELL_FORMED_KEY,
     EchoTrapMonitor,
     identical_response_fraction,
@@ -218,11 +219,33 @@ def test_format_drift_hand_computed() -> None:
     assert _feed(EchoTrapMonitor(), late) == [("format_drift", 20)]
 
 
+def test_reply_growth_hand_computed() -> None:
+    # alpha 0.3, frac 1.5. Replies of 6 tokens: EMA 6 (the lowest). 12 tokens: 0.3 * 12 + 0.7 * 6 = 7.8,
+    # not > 9; 12 again: 0.3 * 12 + 0.7 * 7.8 = 9.06 > 1.5 * 6 = 9: fires at the third iteration.
+    rows = [{TOKENS_PER_TURN_KEY: 6.0}, {TOKENS_PER_TURN_KEY: 12.0}, {TOKENS_PER_TURN_KEY: 12.0}]
+    m = EchoTrapMonitor()
+    fired = m.update(rows[0], 0) + m.update(rows[1], 1) + m.update(rows[2], 2)
+    assert [(s.name, s.step) for s in fired] == [("reply_growth", 2)]
+    assert fired[0].value == pytest.approx(9.06) and fired[0].reference == pytest.approx(6.0)
+    # The reference is the lowest EMA, not the first value: 8, 4, 4 -> EMA 8, 6.8, 5.96 (lowest);
+    # then 12 -> 0.3 * 12 + 0.7 * 5.96 = 7.772, not > 1.5 * 5.96 = 8.94; 12 -> 3.6 + 0.7 * 7.772 = 9.0404 > 8.94:
+    # fires at step 4 (measured from the first value, 1.5 * 8 = 12, it would not).
+    rows = [{TOKENS_PER_TURN_KEY: x} for x in (8.0, 4.0, 4.0, 12.0, 12.0)]
+    m = EchoTrapMonitor()
+    fired = [s for step, row in enumerate(rows) for s in m.update(row, step)]
+    assert [(s.name, s.step) for s in fired] == [("reply_growth", 4)]
+    assert fired[0].value == pytest.approx(9.0404) and fired[0].reference == pytest.approx(5.96)
+    # Steady replies and a falling length never fire; a reply length of 0 never fires (no reference).
+    assert _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 6.0 + 0.1 * (i % 3)} for i in range(30)]) == []
+    assert _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 0.0}, {TOKENS_PER_TURN_KEY: 5.0}]) == []
+
+
 @pytest.mark.parametrize(("kwargs", "field_name"), [
     ({"mi_zscore_min": float("nan")}, "mi_zscore_min"), ({"mi_above_chance_min": "x"}, "mi_above_chance_min"),
     ({"window": 0}, "window"), ({"ema_alpha": 0.0}, "ema_alpha"), ({"std_collapse_frac": 1.5}, "std_collapse_frac"),
     ({"grad_norm_spike_k": 1.0}, "grad_norm_spike_k"), ({"identical_frac_threshold": 1.0}, "identical_frac_threshold"),
-    ({"format_drift_rise": 0.0}, "format_drift_rise"),
+    ({"format_drift_rise": 0.0}, "format_drift_rise"), ({"reply_growth_frac": 1.0}, "reply_growth_frac"),
+    ({"reply_growth_frac": float("inf")}, "reply_growth_frac"),
 ])
 def test_monitor_validates_fields(kwargs: dict, field_name: str) -> None:
     with pytest.raises(ValueError, match=field_name):
