@@ -3,7 +3,8 @@
 Panels (x = RL iteration): training and validation success; in-group reward std
 (``filter/std_all_mean``); policy entropy; the actor's gradient norm before clipping
 (``actor/grad_norm``); the fraction of groups whose samples were identical; the well-formed
-rate of the training batch; the MI diagnostic's retrieval accuracy above chance (computed every
+rate of the training batch; its reply tokens per turn; the MI diagnostic's retrieval accuracy
+above chance (computed every
 ``mi_every`` iterations). A dotted vertical line marks the first iteration each Echo-Trap signal
 fired, per run (the run's colour): the logged flags, and the monitor replayed over the metrics for
 a signal the run logged no flag of (``tracking.report.echo_alarms``); with ``--replay``, the
@@ -25,6 +26,7 @@ PANELS = (("rollout/success", "success (train: line, val: dots)"), ("filter/std_
           ("actor/entropy", "entropy (nats/token)"), ("actor/grad_norm", "grad norm (before clipping)"),
           ("rollout/identical_response_frac", "identical-sample groups"),
           ("rollout/well_formed_rate", "well-formed rate (train)"),
+          ("rollout/tokens_per_turn", "reply tokens per turn (train)"),
           ("echo/mi_retrieval_above_chance", "MI retrieval above chance"))
 
 
