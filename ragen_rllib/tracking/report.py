@@ -245,6 +245,51 @@ def paired_comparison(before: Mapping[tuple[int, int], bool],
         gains=gains, losses=losses, diff=diff, diff_low=lo, diff_high=hi, p_mcnemar=mcnemar_exact(gains, losses))
 
 
+@dataclass(frozen=True)
+class ValidationFall:
+    """Where a run's validation fell below its earliest one (``validation_fall``).
+
+    Iterations count RL iterations done before a validation (0: before RL). ``first`` is the
+    earliest validation with fewer successes than the base at paired McNemar ``p < alpha`` (None: no
+    such validation); ``lowest`` the validation with the lowest success rate (the earliest of ties).
+    """
+
+    base: int
+    base_success: float  # fraction in [0, 1]
+    first: int | None
+    first_success: float | None
+    first_p: float | None
+    lowest: int
+    lowest_success: float
+
+
+def validation_fall(outcomes: Mapping[int, Mapping[tuple[int, int], bool]], alpha: float = 0.05) -> ValidationFall:
+    """The first significant fall and the lowest point of a run's validations, against its earliest.
+
+    Args:
+        outcomes: ``{iteration: {(initial_seed, sample_idx): success}}`` (``validation_outcomes``).
+        alpha: the McNemar p below which a fall counts.
+
+    Raises:
+        ValueError: no validation, or two that share no rollout.
+    """
+    if not outcomes:
+        raise ValueError("no validation to compare")
+    its = sorted(outcomes)
+    base = outcomes[its[0]]
+    rate = {it: sum(outcomes[it].values()) / len(outcomes[it]) for it in its}
+    first = first_p = None
+    for it in its[1:]:
+        c = paired_comparison(base, outcomes[it])
+        if c.losses > c.gains and c.p_mcnemar < alpha:
+            first, first_p = it, c.p_mcnemar
+            break
+    lowest = min(its, key=lambda it: (rate[it], it))
+    return ValidationFall(base=its[0], base_success=rate[its[0]], first=first,
+                          first_success=None if first is None else rate[first], first_p=first_p,
+                          lowest=lowest, lowest_success=rate[lowest])
+
+
 def validation_outcomes(run_folder: str | os.PathLike, env: str) -> dict[int, dict[tuple[int, int], bool]]:
     """The stored validations of a run on ``env``: ``{iteration: {(initial_seed, sample_idx): success}}``.
 

@@ -262,3 +262,41 @@ def test_validation_outcomes_and_paired_script(tmp_path: Path) -> None:
     corrupt = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=120)
     assert corrupt.returncode == 2 and corrupt.stderr.startswith("error: cannot read the validations: "), corrupt.stderr
     assert "iter_000016.parquet" in corrupt.stderr and len(corrupt.stderr.strip().splitlines()) == 1
+
+
+def _outcomes(successes: list[bool]) -> dict[tuple[int, int], bool]:
+    return {(s, 0): ok for s, ok in enumerate(successes)}
+
+
+def test_validation_fall_hand_computed() -> None:
+    # 8 states, all solved at 0. At 4: 5 losses, 0 gains -> McNemar p = 2 / 2^5 = 0.0625 (not a fall);
+    # at 8: 6 losses -> 2 / 2^6 = 0.03125 < 0.05, the first fall (2 / 8 = 0.25); at 12: all lost (the
+    # lowest, 0.0); at 16: back to 7 / 8.
+    vals = {0: _outcomes([True] * 8), 4: _outcomes([False] * 5 + [True] * 3),
+            8: _outcomes([False] * 6 + [True] * 2), 12: _outcomes([False] * 8), 16: _outcomes([False] + [True] * 7)}
+    f = R.validation_fall(vals)
+    assert (f.base, f.base_success, f.first, f.first_success, f.lowest, f.lowest_success) == (0, 1.0, 8, 0.25, 12, 0.0)
+    assert f.first_p == pytest.approx(0.03125)
+    # A significant rise is not a fall; the lowest is then the base (the earliest of ties).
+    up = R.validation_fall({0: _outcomes([False] * 8), 8: _outcomes([True] * 8), 16: _outcomes([False] * 8)})
+    assert (up.first, up.first_p, up.lowest, up.lowest_success) == (None, None, 0, 0.0)
+    with pytest.raises(ValueError, match="no validation"):
+        R.validation_fall({})
+
+
+def test_echo_alarms_falls_marks_each_alarm_against_the_validations(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "falls", iterations=1)
+    steps = [{"rollout/tokens_per_turn": x} for x in (6.0, 12.0, 12.0, 12.0, 12.0, 12.0)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "metrics": m}) + "\n"
+                                               for i, m in enumerate(steps)))
+    for it, ok in ((0, [True] * 8), (2, [True] * 8), (4, [False] * 8)):  # 8 losses at 4: p = 2 / 2^8
+        _write_validation(run, "frozen_lake:guided", it, ok)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "echo_alarms.py"
+    p = subprocess.run([sys.executable, str(script), "--falls", str(run)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if not ln.startswith("      ")]
+    # reply_growth: EMA 6, 7.8, 9.06 > 9 at step 2 (iteration 3), before the validation at 4.
+    assert lines[1:] == [
+        "   validation 1.000 at iteration 0; first significant fall at iteration 4 (0.000, p = 0.0078); "
+        "lowest 0.000 at iteration 4",
+        "   iteration 3: reply_growth (no validation yet; first nan; before the first fall, before the lowest)"]
