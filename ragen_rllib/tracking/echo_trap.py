@@ -210,8 +210,7 @@ class EchoTrapMonitor:
     _success_at_std_max: float | None = field(default=None, init=False, repr=False)
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
     _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
-    _malformed_min: float | None = field(default=None, init=False, repr=False)  # lowest malformed EMA so far
-    _reply_min: float | None = field(default=None, init=False, repr=False)  # lowest reply-length EMA so far
+    _lowest: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # lowest EMA so far, per key
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -293,6 +292,11 @@ class EchoTrapMonitor:
         if self._count[key] == self.window:
             self._early[key] = ema
         return ema
+
+    def _lowest_so_far(self, key: str, ema: float) -> float:
+        """Record ``ema`` as the lowest EMA of ``key`` if it is; return the lowest so far."""
+        self._lowest[key] = min(ema, self._lowest.get(key, ema))
+        return self._lowest[key]
 
     def _check_std(self, metrics, success):
         if _finite(metrics.get(self.std_key)) is None:
@@ -384,29 +388,26 @@ class EchoTrapMonitor:
         # No warm-up: the reference is the lowest EMA so far, from the first iteration on, so a
         # policy that loses the format in its first update is caught, and one that starts
         # malformed and learns the format is not (its EMA only falls).
-        if self._malformed_min is None or ema < self._malformed_min:
-            self._malformed_min = ema
-        on = ema > self._malformed_min + self.format_drift_rise
+        lowest = self._lowest_so_far(key, ema)
+        on = ema > lowest + self.format_drift_rise
         msg = (f"the malformed share 1 - {self.well_formed_key} (EMA {ema:.3g}) rose more than "
-               f"{self.format_drift_rise:g} above its lowest EMA {self._malformed_min:.3g}: the policy is drifting "
+               f"{self.format_drift_rise:g} above its lowest EMA {lowest:.3g}: the policy is drifting "
                "out of the reply format (over-long replies cut at the length limit, for one).")
-        return on, ema, self._malformed_min, msg
+        return on, ema, lowest, msg
 
     def _check_reply_growth(self, metrics):
         if _finite(metrics.get(self.tokens_per_turn_key)) is None:
             return None
         ema = self._observe(metrics, self.tokens_per_turn_key)
-        # Same reference as format_drift: the lowest EMA so far, no warm-up.
-        if self._reply_min is None or ema < self._reply_min:
-            self._reply_min = ema
-        if self._reply_min <= 0.0:
-            return False, ema, self._reply_min, ""
-        on = ema > self.reply_growth_frac * self._reply_min
+        lowest = self._lowest_so_far(self.tokens_per_turn_key, ema)  # as format_drift: no warm-up
+        if lowest <= 0.0:
+            return False, ema, lowest, ""
+        on = ema > self.reply_growth_frac * lowest
         msg = (f"reply length {self.tokens_per_turn_key} (EMA {ema:.3g} tokens) grew above "
-               f"{self.reply_growth_frac:g} x its shortest EMA {self._reply_min:.3g}: replies are growing, which "
+               f"{self.reply_growth_frac:g} x its shortest EMA {lowest:.3g}: replies are growing, which "
                "came before the format drift and the fall in success in this project's FrozenLake runs "
                "(and also without a fall).")
-        return on, ema, self._reply_min, msg
+        return on, ema, lowest, msg
 
 
 def _finite(x: object) -> float | None:
