@@ -25,9 +25,10 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   this project's FrozenLake runs a collapse came this way, with none of the signals above.
 - ``reply_growth`` (``rollout/tokens_per_turn``): not one of the paper's signals either, the
   opposite of ``response_length_collapse``: the reply length per turn grows well above the
-  shortest it reached. In this project's FrozenLake runs (bare ``<answer>`` replies of ~6 tokens)
-  replies grew for several iterations before the format drift and the fall in success that
-  followed; it also fires on growth that ends in no fall, so it is a warning, not a verdict.
+  shortest it reached. In two of this project's FrozenLake runs (bare ``<answer>`` replies of ~6
+  tokens) replies grew for several iterations before the format drift and the deepest fall in
+  success; in a later seed it fired only after the falls, and it also fires on growth that ends
+  in no fall, so it is a hint, not a verdict (docs/results.md).
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -173,7 +174,8 @@ class EchoTrapMonitor:
             (``tokens_per_turn_key``) exceeds this multiple of its lowest EMA so far, from the second
             iteration on (no warm-up). 1.5 was chosen on this project's FrozenLake runs at actor LR
             5e-5 and 1e-5 (docs/results.md), where it fired before the deepest point of both
-            format-drift falls and also in two runs without a significant fall.
+            format-drift falls and also in two runs without a significant fall; on the seed run
+            after that choice it fired after both falls.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
             mi_zscore_key, mi_above_chance_key, well_formed_key, tokens_per_turn_key: the metric keys
             read (module constants ``*_KEY``).
@@ -404,9 +406,9 @@ class EchoTrapMonitor:
             return False, ema, lowest, ""
         on = ema > self.reply_growth_frac * lowest
         msg = (f"reply length {self.tokens_per_turn_key} (EMA {ema:.3g} tokens) grew above "
-               f"{self.reply_growth_frac:g} x its shortest EMA {lowest:.3g}: replies are growing, which "
-               "came before the format drift and the fall in success in this project's FrozenLake runs "
-               "(and also without a fall).")
+               f"{self.reply_growth_frac:g} x its shortest EMA {lowest:.3g}: replies are growing; in this "
+               "project's FrozenLake runs such growth went with format drift and falls in success, and "
+               "also came without a fall.")
         return on, ema, lowest, msg
 
 
