@@ -300,3 +300,9 @@ def test_echo_alarms_falls_marks_each_alarm_against_the_validations(tmp_path: Pa
         "   validation 1.000 at iteration 0; first significant fall at iteration 4 (0.000, p = 0.0078); "
         "lowest 0.000 at iteration 4",
         "   iteration 3: reply_growth (no validation yet; first nan; before the first fall, before the lowest)"]
+    # A corrupt validation file is a one-line error naming it, not a traceback.
+    (run / "validation" / "frozen_lake-guided" / "iter_000006.parquet").write_bytes(b"not parquet")
+    bad = subprocess.run([sys.executable, str(script), "--falls", str(run)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith(f"error: cannot read the validations of {run}: "), bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
