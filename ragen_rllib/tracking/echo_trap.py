@@ -25,10 +25,11 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   this project's FrozenLake runs a collapse came this way, with none of the signals above.
 - ``reply_growth`` (``rollout/tokens_per_turn``): not one of the paper's signals either, the
   opposite of ``response_length_collapse``: the reply length per turn grows well above the
-  shortest it reached. In two of this project's FrozenLake runs (bare ``<answer>`` replies of ~6
-  tokens) replies grew for several iterations before the format drift and the deepest fall in
-  success; in a later seed it fired only after the falls, and it also fires on growth that ends
-  in no fall, so it is a hint, not a verdict (docs/results.md).
+  shortest it reached. In this project's FrozenLake runs (bare ``<answer>`` replies of ~6
+  tokens) it fired before the validation that showed a fall in 5 of 12 falls (all four of the
+  seed run after its threshold was fixed, none of the seed before that), with the immediate
+  format break in 2, after it in 4 and never in 1, and it also fired in 3 of 5 runs without a
+  fall: a hint, not a verdict (docs/results.md).
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -174,8 +175,8 @@ class EchoTrapMonitor:
             (``tokens_per_turn_key``) exceeds this multiple of its lowest EMA so far, from the second
             iteration on (no warm-up). 1.5 was chosen on this project's FrozenLake runs at actor LR
             5e-5 and 1e-5 (docs/results.md), where it fired before the deepest point of both
-            format-drift falls and also in two runs without a significant fall; on the seed run
-            after that choice it fired after both falls.
+            format-drift falls and also in two runs without a significant fall; on the next seed
+            it fired after both falls, on the one after that before all four.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
             mi_zscore_key, mi_above_chance_key, well_formed_key, tokens_per_turn_key: the metric keys
             read (module constants ``*_KEY``).
