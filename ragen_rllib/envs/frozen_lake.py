@@ -223,6 +223,46 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
             value = new
         return float(value[self.pos])
 
+    def best_success_probability_in_turns(self, turns: int, actions_per_turn: int, actions: int | None = None) -> float:
+        """The highest probability of reaching the goal for a policy that sees the state only between
+        turns: each of ``turns`` turns commits to 1..``actions_per_turn`` actions, which run without
+        the policy seeing the moves in between (a run stops on the goal or in a hole), within
+        ``actions`` moves in all (default: the actions left in the budget). This is how the models
+        here play (the ``cpu`` profiles: 3 turns, up to 5 actions a turn), so it is the ceiling of
+        the validation protocol, at most ``best_success_probability`` (which sees every move) and
+        equal to it with one action a turn and as many turns as actions. Exact dynamic programming
+        over the lake's (H*W) cells: every action sequence of each length, as a product of the
+        per-action transition matrices. 1.0 on the goal, 0.0 in a hole.
+        """
+        if turns < 0 or actions_per_turn < 1:
+            raise ValueError(f"turns must be >= 0 and actions_per_turn >= 1, got {turns}, {actions_per_turn}")
+        budget = self.actions_left if actions is None else actions
+        h, w = self.frozen.shape
+        n = h * w
+        cells = [(r, c) for r in range(h) for c in range(w)]
+        moves = {a: ((a, *_PERPENDICULAR[a]) if self.config.is_slippery else (a,)) for a in ACTIONS}
+        step = np.zeros((len(ACTIONS), n, n))  # step[a, i, j]: P(cell j after action a from cell i)
+        for a_i, a in enumerate(ACTIONS):
+            for i, (r, c) in enumerate(cells):
+                if (r, c) == self.goal or not self.frozen[r, c]:
+                    step[a_i, i, i] = 1.0  # absorbing: a run stops on the goal or in a hole
+                    continue
+                for m in moves[a]:
+                    nr, nc = r + _DELTA[m][0], c + _DELTA[m][1]
+                    j = nr * w + nc if 0 <= nr < h and 0 <= nc < w else i  # into the border: stays
+                    step[a_i, i, j] += 1.0 / len(moves[a])
+        runs = {1: step}  # runs[k]: (4**k, n, n), the transition matrix of every k-action sequence
+        for k in range(2, min(actions_per_turn, max(budget, 1)) + 1):
+            runs[k] = np.einsum("sij,ajk->saik", runs[k - 1], step).reshape(-1, n, n)
+        goal = np.zeros(n)
+        goal[self.goal[0] * w + self.goal[1]] = 1.0
+        value = {b: goal for b in range(budget + 1)}  # value[b]: success probability per cell, b actions left
+        for _ in range(turns):
+            value = {b: np.max([goal] + [(runs[k] @ value[b - k]).max(axis=0)
+                                         for k in range(1, min(actions_per_turn, b) + 1)], axis=0)
+                     for b in range(budget + 1)}
+        return float(value[budget][self.pos[0] * w + self.pos[1]])
+
     def _step(self, action_text: str) -> tuple[float, bool, dict[str, Any]]:
         name = next((a for a in ACTIONS if a.lower() == action_text.strip().lower()), None)
         if name is None:

@@ -215,3 +215,30 @@ def test_frozen_lake_best_success_probability_by_hand() -> None:
     assert abs(slip.best_success_probability(2) - 5 / 9) < 1e-12
     slip.pos = (1, 0)  # in the hole
     assert slip.best_success_probability(5) == 0.0
+
+
+def test_frozen_lake_best_success_probability_in_turns_by_hand() -> None:
+    slip = make_env("frozen_lake")
+    slip.reset(seed=3)
+    slip.frozen[:] = True
+    slip.pos, slip.goal = (0, 0), (0, 1)
+    assert abs(slip.best_success_probability_in_turns(1, 1) - 1 / 3) < 1e-12
+    # One turn of two actions, unseen in between: Up then Right. Up reaches the goal (1/3) or stays
+    # in (0,0) (Up into the border, Left into the border), so not seeing it costs nothing: 5/9.
+    assert abs(slip.best_success_probability_in_turns(1, 2) - 5 / 9) < 1e-12
+    assert abs(slip.best_success_probability_in_turns(1, 2, actions=1) - 1 / 3) < 1e-12  # the budget binds
+    assert slip.best_success_probability_in_turns(0, 5) == 0.0  # no turn, no move
+    slip.pos = slip.goal
+    assert slip.best_success_probability_in_turns(0, 5) == 1.0
+    with pytest.raises(ValueError, match="actions_per_turn"):
+        slip.best_success_probability_in_turns(3, 0)
+    for seed in range(123, 131):  # one action a turn with a turn per action is the closed loop
+        env = make_env("frozen_lake")
+        env.reset(seed=seed)
+        seen = env.best_success_probability()
+        assert abs(env.best_success_probability_in_turns(10, 1) - seen) < 1e-12
+        blind = [env.best_success_probability_in_turns(3, k) for k in (1, 2, 5)]
+        assert blind == sorted(blind) and blind[-1] <= seen + 1e-12  # more actions a turn help; never above seeing
+    flat = make_env("frozen_lake", variant="not_slippery")
+    flat.reset(seed=123)
+    assert flat.best_success_probability_in_turns(3, 5) == 1.0  # without slips one planned path reaches the goal
