@@ -162,16 +162,18 @@ reproduce-frozen-lake-sft: model
 # fixed states before RL (= SFT alone) and every 8 iterations, compared state by state (docs/results.md).
 # Needs that policy first: make reproduce-frozen-lake-sft. Another seed: make reproduce-frozen-lake-sft
 # FL_SFT_SEED=10001 FL_SFT_RUN=<sft> && make reproduce-frozen-lake-sft-rl FL_SFT_RUN=<sft> FL_SFT_RL_SEED=10001
-# FL_SFT_RL_RUN=<name>. RL at LR 5e-5: FL_SFT_RL_SET="--set starpo.actor_lr=5.0e-5"
+# FL_SFT_RL_RUN=<name>. RL at LR 5e-5: FL_SFT_RL_SET="--set starpo.actor_lr=5.0e-5". RL on RAGEN's slippery
+# lake from the same (not-slippery) SFT policy: FL_SFT_RL_ENV=frozen_lake
 FL_SFT_RL_FROM ?= runs/$(FL_SFT_RUN)/hf_model
 FL_SFT_RL_SEED ?= 10000
 FL_SFT_RL_RUN ?= repro-frozen-lake-sft-rl
 FL_SFT_RL_SET ?=
+FL_SFT_RL_ENV ?= frozen_lake:not_slippery
 reproduce-frozen-lake-sft-rl: model
 	@$(call need_policy,FL_SFT_RL_FROM,make reproduce-frozen-lake-sft)
 	@$(PY) -m ragen_rllib.cli train --config experiments/frozen_lake_starpo_s.yaml --profile cpu \
-		--run-name $(FL_SFT_RL_RUN) --set starpo.seed=$(FL_SFT_RL_SEED) --set starpo.env=frozen_lake:not_slippery \
-		--set "starpo.val_envs=['frozen_lake:not_slippery']" --set starpo.val_groups=128 --set iterations=24 \
+		--run-name $(FL_SFT_RL_RUN) --set starpo.seed=$(FL_SFT_RL_SEED) --set starpo.env=$(FL_SFT_RL_ENV) \
+		--set "starpo.val_envs=['$(FL_SFT_RL_ENV)']" --set starpo.val_groups=128 --set iterations=24 \
 		--set starpo.test_freq=8 --set checkpoint_freq=24 --set warmup.steps=0 --set starpo.model=$(FL_SFT_RL_FROM) \
 		--set starpo.actor_lr=1.0e-5 --set starpo.response_length=24 \
 		--set starpo.env_groups=8 --set starpo.group_size=8 --set starpo.ppo_mini_batch_size=16 $(FL_SFT_RL_SET)
