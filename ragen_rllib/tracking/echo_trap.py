@@ -30,6 +30,12 @@ and training collapses (often irreversibly). The paper tracks five diagnostics, 
   seed run after its threshold was fixed, none of the seed before that), with the immediate
   format break in 2, after it in 4 and never in 1, and it also fired in 3 of 5 runs without a
   fall: a hint, not a verdict (docs/results.md).
+- ``reply_jump`` (``rollout/tokens_per_turn``): ours as well, a sharper form of ``reply_growth``
+  on raw values: the reply length per turn jumps above a multiple of the lowest of the previous
+  ``window`` iterations. Slow growth does not fire it (1.1x an iteration stays under 1.7x over
+  5), a jump within a few updates does. Its rule was chosen on the same 17 FrozenLake runs: before
+  the fall's validation in 9 of 12 falls, in none of 5 runs without a fall (in sample; out of
+  sample in docs/results.md).
 
 RAGEN itself only *prevents* the trap (StarPO-S filtering, clip-higher, no KL) and has no
 detector. ``EchoTrapMonitor`` is that detector: feed it the metric dict of
@@ -70,9 +76,10 @@ IDENTICAL_RESPONSES = "identical_responses"
 MI_COLLAPSE = "mi_collapse"
 FORMAT_DRIFT = "format_drift"
 REPLY_GROWTH = "reply_growth"
+REPLY_JUMP = "reply_jump"
 #: All signal names, in the order ``update`` evaluates them.
 SIGNALS = (STD_COLLAPSE, ENTROPY_COLLAPSE, GRAD_NORM_SPIKE, RESPONSE_LENGTH_COLLAPSE, IDENTICAL_RESPONSES,
-           MI_COLLAPSE, FORMAT_DRIFT, REPLY_GROWTH)
+           MI_COLLAPSE, FORMAT_DRIFT, REPLY_GROWTH, REPLY_JUMP)
 #: Prefix of the 0/1 flag metrics returned by ``EchoTrapMonitor.flags``.
 FLAG_PREFIX = "echo/"
 
@@ -135,14 +142,15 @@ class EchoTrapMonitor:
     except a non-finite grad norm, which counts as a spike. EMA-smoothed signals need ``window``
     observations before they can fire (warm-up); ``identical_responses`` uses an absolute threshold
     and can fire at once, and ``format_drift`` and ``reply_growth`` compare with their own lowest
-    EMA from the start.
+    EMA from the start; ``reply_jump`` compares raw values with the previous ``window`` ones.
 
     ``update`` returns only the signals that switched *on* at that step (one warning per episode of
     trouble, not one per iteration); ``active`` and ``flags()`` give the current state of all signals.
 
     Attributes:
-        window: warm-up length in observations for the EMA references, and the number of previous
-            grad norms whose median a new grad norm is compared with.
+        window: warm-up length in observations for the EMA references, the number of previous
+            grad norms whose median a new grad norm is compared with, and the number of previous
+            reply lengths whose lowest a new one is compared with (``reply_jump``).
         ema_alpha: EMA weight of the newest value (``ema = a*x + (1-a)*ema``); the paper plots
             EMA-smoothed curves. 0.3 ≈ an effective memory of about three iterations.
         std_collapse_frac: ``std_collapse`` fires when the EMA of ``std_key`` falls below this
@@ -177,6 +185,11 @@ class EchoTrapMonitor:
             5e-5 and 1e-5 (docs/results.md), where it fired before the deepest point of both
             format-drift falls and also in two runs without a significant fall; on the next seed
             it fired after both falls, on the one after that before all four.
+        reply_jump_frac: ``reply_jump`` fires when the raw reply length per turn exceeds this
+            multiple of the lowest of the previous ``window`` raw values (from the second
+            iteration on; a reference of 0 never fires). 1.7 was chosen on the same FrozenLake
+            runs, 1.6-1.8 giving the same alarms there: before 9 of 12 falls and in 0 of 5 runs
+            without one, in sample.
         std_key, success_key, entropy_key, grad_norm_key, response_length_key, identical_key,
             mi_zscore_key, mi_above_chance_key, well_formed_key, tokens_per_turn_key: the metric keys
             read (module constants ``*_KEY``).
@@ -195,6 +208,7 @@ class EchoTrapMonitor:
     mi_above_chance_min: float | None = 0.05
     format_drift_rise: float = 0.1
     reply_growth_frac: float = 1.5
+    reply_jump_frac: float = 1.7
     std_key: str = STD_KEY
     success_key: str = SUCCESS_KEY
     entropy_key: str = ENTROPY_KEY
@@ -212,6 +226,7 @@ class EchoTrapMonitor:
     _std_max: float = field(default=0.0, init=False, repr=False)
     _success_at_std_max: float | None = field(default=None, init=False, repr=False)
     _grad_norms: deque = field(default_factory=deque, init=False, repr=False)
+    _reply_lengths: deque = field(default_factory=deque, init=False, repr=False)  # raw, the last ``window``
     _mi_armed: set = field(default_factory=set, init=False, repr=False)  # MI keys whose EMA reached the threshold
     _lowest: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # lowest EMA so far, per key
     _active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SIGNALS, False), init=False, repr=False)
@@ -234,10 +249,11 @@ class EchoTrapMonitor:
                 raise ValueError(f"EchoTrapMonitor.{name} must be a finite number or None, got {getattr(self, name)!r}")
         if not 0.0 < self.format_drift_rise < 1.0:
             raise ValueError(f"EchoTrapMonitor.format_drift_rise must be in (0, 1), got {self.format_drift_rise}")
-        if not (self.reply_growth_frac > 1.0 and math.isfinite(self.reply_growth_frac)):
-            raise ValueError(
-                f"EchoTrapMonitor.reply_growth_frac must be a finite number > 1, got {self.reply_growth_frac}")
+        for name in ("reply_growth_frac", "reply_jump_frac"):
+            if not (getattr(self, name) > 1.0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"EchoTrapMonitor.{name} must be a finite number > 1, got {getattr(self, name)}")
         self._grad_norms = deque(maxlen=self.window)
+        self._reply_lengths = deque(maxlen=self.window)
 
     @property
     def active(self) -> dict[str, bool]:
@@ -270,6 +286,7 @@ class EchoTrapMonitor:
             self._check_mi(metrics, success),
             self._check_format(metrics),
             self._check_reply_growth(metrics),
+            self._check_reply_jump(metrics),
         )
         fired = []
         for name, check in zip(SIGNALS, checks, strict=False):
@@ -411,6 +428,21 @@ class EchoTrapMonitor:
                "project's FrozenLake runs such growth went with format drift and falls in success, and "
                "also came without a fall.")
         return on, ema, lowest, msg
+
+
+    def _check_reply_jump(self, metrics):
+        x = _finite(metrics.get(self.tokens_per_turn_key))
+        if x is None:
+            return None
+        previous = min(self._reply_lengths, default=None)
+        self._reply_lengths.append(x)
+        if previous is None or previous <= 0.0:
+            return False, x, float("nan") if previous is None else previous, ""
+        on = x > self.reply_jump_frac * previous
+        msg = (f"reply length {self.tokens_per_turn_key} ({x:.3g} tokens) jumped above {self.reply_jump_frac:g} x "
+               f"the lowest of the previous {len(self._reply_lengths) - 1} iterations ({previous:.3g}): in this "
+               "project's FrozenLake runs such jumps came before most falls in success.")
+        return on, x, previous, msg
 
 
 def _finite(x: object) -> float | None:

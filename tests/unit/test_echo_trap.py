@@ -224,7 +224,7 @@ def test_reply_growth_hand_computed() -> None:
     # not > 9; 12 again: 0.3 * 12 + 0.7 * 7.8 = 9.06 > 1.5 * 6 = 9: fires at the third iteration.
     rows = [{TOKENS_PER_TURN_KEY: 6.0}, {TOKENS_PER_TURN_KEY: 12.0}, {TOKENS_PER_TURN_KEY: 12.0}]
     m = EchoTrapMonitor()
-    fired = m.update(rows[0], 0) + m.update(rows[1], 1) + m.update(rows[2], 2)
+    fired = [s for step, row in enumerate(rows) for s in m.update(row, step) if s.name == "reply_growth"]
     assert [(s.name, s.step) for s in fired] == [("reply_growth", 2)]
     assert fired[0].value == pytest.approx(9.06) and fired[0].reference == pytest.approx(6.0)
     # The reference is the lowest EMA, not the first value: 8, 4, 4 -> EMA 8, 6.8, 5.96 (lowest);
@@ -232,12 +232,34 @@ def test_reply_growth_hand_computed() -> None:
     # fires at step 4 (measured from the first value, 1.5 * 8 = 12, it would not).
     rows = [{TOKENS_PER_TURN_KEY: x} for x in (8.0, 4.0, 4.0, 12.0, 12.0)]
     m = EchoTrapMonitor()
-    fired = [s for step, row in enumerate(rows) for s in m.update(row, step)]
+    fired = [s for step, row in enumerate(rows) for s in m.update(row, step) if s.name == "reply_growth"]
     assert [(s.name, s.step) for s in fired] == [("reply_growth", 4)]
     assert fired[0].value == pytest.approx(9.0404) and fired[0].reference == pytest.approx(5.96)
     # Steady replies and a falling length never fire; a reply length of 0 never fires (no reference).
     assert _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 6.0 + 0.1 * (i % 3)} for i in range(30)]) == []
-    assert _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 0.0}, {TOKENS_PER_TURN_KEY: 5.0}]) == []
+    assert "reply_growth" not in _names(_feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 0.0},
+                                                                  {TOKENS_PER_TURN_KEY: 5.0}]))
+
+
+def test_reply_jump_hand_computed() -> None:
+    # frac 1.7, window 5, raw values. 6, 7: 7 > 1.7 * 6 = 10.2? no. 10.5 > 10.2: fires at step 2.
+    rows = [{TOKENS_PER_TURN_KEY: x} for x in (6.0, 7.0, 10.5)]
+    m = EchoTrapMonitor()
+    fired = [s for step, row in enumerate(rows) for s in m.update(row, step) if s.name == "reply_jump"]
+    assert [s.step for s in fired] == [2] and fired[0].value == 10.5 and fired[0].reference == 6.0
+    # 10.2 exactly does not fire (strictly above).
+    assert "reply_jump" not in [n for n, _ in _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: x} for x in (6.0, 10.2)])]
+    # The reference is the lowest of the previous 5 only. 4, 6, 6, 6, 6, then 7 > 1.7 * 4 = 6.8 fires at
+    # step 5 (the 4 is among steps 0-4); 6 at step 6 is off (lowest of steps 1-5 is 6: 6 < 10.2); 10.5 >
+    # 10.2 fires again at step 7; a 7 at step 8 does not (the 4 has left the window).
+    rows = [{TOKENS_PER_TURN_KEY: x} for x in (4.0, 6.0, 6.0, 6.0, 6.0, 7.0, 6.0, 10.5, 7.0)]
+    assert [st for n, st in _feed(EchoTrapMonitor(), rows) if n == "reply_jump"] == [5, 7]
+    # Slow growth never fires: 1.1x an iteration is 1.1 ** 5 = 1.61 < 1.7 over the window.
+    slow = [{TOKENS_PER_TURN_KEY: 6.0 * 1.1 ** i} for i in range(20)]
+    assert "reply_jump" not in [n for n, _ in _feed(EchoTrapMonitor(), slow)]
+    # A reference of 0 never fires.
+    assert "reply_jump" not in [n for n, _ in _feed(EchoTrapMonitor(), [{TOKENS_PER_TURN_KEY: 0.0},
+                                                                        {TOKENS_PER_TURN_KEY: 5.0}])]
 
 
 @pytest.mark.parametrize(("kwargs", "field_name"), [
@@ -245,7 +267,7 @@ def test_reply_growth_hand_computed() -> None:
     ({"window": 0}, "window"), ({"ema_alpha": 0.0}, "ema_alpha"), ({"std_collapse_frac": 1.5}, "std_collapse_frac"),
     ({"grad_norm_spike_k": 1.0}, "grad_norm_spike_k"), ({"identical_frac_threshold": 1.0}, "identical_frac_threshold"),
     ({"format_drift_rise": 0.0}, "format_drift_rise"), ({"reply_growth_frac": 1.0}, "reply_growth_frac"),
-    ({"reply_growth_frac": float("inf")}, "reply_growth_frac"),
+    ({"reply_growth_frac": float("inf")}, "reply_growth_frac"), ({"reply_jump_frac": 0.5}, "reply_jump_frac"),
 ])
 def test_monitor_validates_fields(kwargs: dict, field_name: str) -> None:
     with pytest.raises(ValueError, match=field_name):

@@ -295,10 +295,12 @@ def test_echo_alarms_falls_marks_each_alarm_against_the_validations(tmp_path: Pa
     p = subprocess.run([sys.executable, str(script), "--falls", str(run)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if not ln.startswith("      ")]
-    # reply_growth: EMA 6, 7.8, 9.06 > 9 at step 2 (iteration 3), before the validation at 4.
+    # reply_jump: 12 > 1.7 * 6 at step 1 (iteration 2); reply_growth: EMA 6, 7.8, 9.06 > 9 at step 2
+    # (iteration 3); both before the validation at 4.
     assert lines[1:] == [
         "   validation 1.000 at iteration 0; first significant fall at iteration 4 (0.000, p = 0.0078); "
         "lowest 0.000 at iteration 4",
+        "   iteration 2: reply_jump (no validation yet; first nan; before the first fall, before the lowest)",
         "   iteration 3: reply_growth (no validation yet; first nan; before the first fall, before the lowest)"]
     # A corrupt validation file is a one-line error naming it, not a traceback.
     (run / "validation" / "frozen_lake-guided" / "iter_000006.parquet").write_bytes(b"not parquet")
