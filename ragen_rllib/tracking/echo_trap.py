@@ -435,13 +435,15 @@ class EchoTrapMonitor:
         if x is None:
             return None
         previous = min(self._reply_lengths, default=None)
+        n_previous = len(self._reply_lengths)  # counted before this value joins the window
         self._reply_lengths.append(x)
         if previous is None or previous <= 0.0:
             return False, x, float("nan") if previous is None else previous, ""
         on = x > self.reply_jump_frac * previous
+        iterations = "iteration" if n_previous == 1 else "iterations"
         msg = (f"reply length {self.tokens_per_turn_key} ({x:.3g} tokens) jumped above {self.reply_jump_frac:g} x "
-               f"the lowest of the previous {len(self._reply_lengths) - 1} iterations ({previous:.3g}): in this "
-               "project's FrozenLake runs such jumps came before most falls in success.")
+               f"the lowest of the previous {n_previous} {iterations} ({previous:.3g}): in this project's "
+               "FrozenLake runs such jumps came before most falls in success.")
         return on, x, previous, msg
 
 

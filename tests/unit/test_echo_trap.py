@@ -254,6 +254,15 @@ def test_reply_jump_hand_computed() -> None:
     # 10.2 fires again at step 7; a 7 at step 8 does not (the 4 has left the window).
     rows = [{TOKENS_PER_TURN_KEY: x} for x in (4.0, 6.0, 6.0, 6.0, 6.0, 7.0, 6.0, 10.5, 7.0)]
     assert [st for n, st in _feed(EchoTrapMonitor(), rows) if n == "reply_jump"] == [5, 7]
+    # The message names how many iterations the reference came from: 5 once the window is full, 1 at step 1.
+    m = EchoTrapMonitor()
+    msgs = [s.message for step, row in enumerate(rows) for s in m.update(row, step) if s.name == "reply_jump"]
+    assert "the lowest of the previous 5 iterations (4)" in msgs[0]
+    assert "the lowest of the previous 5 iterations (6)" in msgs[1]
+    m = EchoTrapMonitor()
+    early = [s.message for step, x in enumerate((6.0, 10.5)) for s in m.update({TOKENS_PER_TURN_KEY: x}, step)
+             if s.name == "reply_jump"]
+    assert len(early) == 1 and "the lowest of the previous 1 iteration (6)" in early[0]
     # Slow growth never fires: 1.1x an iteration is 1.1 ** 5 = 1.61 < 1.7 over the window.
     slow = [{TOKENS_PER_TURN_KEY: 6.0 * 1.1 ** i} for i in range(20)]
     assert "reply_jump" not in [n for n, _ in _feed(EchoTrapMonitor(), slow)]
