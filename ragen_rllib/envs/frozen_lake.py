@@ -204,24 +204,34 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         policy that commits to several actions per turn. 1.0 on the goal, 0.0 in a hole.
         """
         steps = self.actions_left if actions is None else actions
-        h, w = self.frozen.shape
-        moves = {a: ((a, *_PERPENDICULAR[a]) if self.config.is_slippery else (a,)) for a in ACTIONS}
-
-        def land(cell: tuple[int, int], move: str) -> tuple[int, int]:
-            r, c = cell[0] + _DELTA[move][0], cell[1] + _DELTA[move][1]
-            return (r, c) if 0 <= r < h and 0 <= c < w else cell
-
-        value = np.zeros((h, w))
-        value[self.goal] = 1.0
+        step = self._transition_matrices()
+        w = self.frozen.shape[1]
+        value = np.zeros(step.shape[1])
+        value[self.goal[0] * w + self.goal[1]] = 1.0
         for _ in range(steps):
-            new = value.copy()
-            for r in range(h):
-                for c in range(w):
-                    if (r, c) == self.goal or not self.frozen[r, c]:
-                        continue  # absorbing: the goal keeps 1, a hole 0
-                    new[r, c] = max(sum(value[land((r, c), m)] for m in ms) / len(ms) for ms in moves.values())
-            value = new
-        return float(value[self.pos])
+            value = (step @ value).max(axis=0)  # the goal and the holes are absorbing: they keep 1 and 0
+        return float(value[self.pos[0] * w + self.pos[1]])
+
+    def _transition_matrices(self) -> np.ndarray:
+        """This lake's dynamics as float64 ``(len(ACTIONS), H*W, H*W)``: ``[a, i, j]`` is the probability
+        of landing on cell ``j`` (row-major) after action ``a`` from cell ``i`` (slippery: intended or
+        either perpendicular move, 1/3 each; a move into the border stays; the goal and the holes are
+        absorbing, as a run stops there)."""
+        h, w = self.frozen.shape
+        n = h * w
+        cells = [(r, c) for r in range(h) for c in range(w)]
+        moves = {a: ((a, *_PERPENDICULAR[a]) if self.config.is_slippery else (a,)) for a in ACTIONS}
+        step = np.zeros((len(ACTIONS), n, n))
+        for a_i, a in enumerate(ACTIONS):
+            for i, (r, c) in enumerate(cells):
+                if (r, c) == self.goal or not self.frozen[r, c]:
+                    step[a_i, i, i] = 1.0
+                    continue
+                for m in moves[a]:
+                    nr, nc = r + _DELTA[m][0], c + _DELTA[m][1]
+                    j = nr * w + nc if 0 <= nr < h and 0 <= nc < w else i  # into the border: stays
+                    step[a_i, i, j] += 1.0 / len(moves[a])
+        return step
 
     def best_success_probability_in_turns(self, turns: int, actions_per_turn: int, actions: int | None = None) -> float:
         """The highest probability of reaching the goal for a policy that sees the state only between
@@ -232,25 +242,13 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         the validation protocol, at most ``best_success_probability`` (which sees every move) and
         equal to it with one action a turn and as many turns as actions. Exact dynamic programming
         over the lake's (H*W) cells: every action sequence of each length, as a product of the
-        per-action transition matrices. 1.0 on the goal, 0.0 in a hole.
+        per-action transition matrices (``_transition_matrices``). 1.0 on the goal, 0.0 in a hole.
         """
         if turns < 0 or actions_per_turn < 1:
             raise ValueError(f"turns must be >= 0 and actions_per_turn >= 1, got {turns}, {actions_per_turn}")
         budget = self.actions_left if actions is None else actions
-        h, w = self.frozen.shape
-        n = h * w
-        cells = [(r, c) for r in range(h) for c in range(w)]
-        moves = {a: ((a, *_PERPENDICULAR[a]) if self.config.is_slippery else (a,)) for a in ACTIONS}
-        step = np.zeros((len(ACTIONS), n, n))  # step[a, i, j]: P(cell j after action a from cell i)
-        for a_i, a in enumerate(ACTIONS):
-            for i, (r, c) in enumerate(cells):
-                if (r, c) == self.goal or not self.frozen[r, c]:
-                    step[a_i, i, i] = 1.0  # absorbing: a run stops on the goal or in a hole
-                    continue
-                for m in moves[a]:
-                    nr, nc = r + _DELTA[m][0], c + _DELTA[m][1]
-                    j = nr * w + nc if 0 <= nr < h and 0 <= nc < w else i  # into the border: stays
-                    step[a_i, i, j] += 1.0 / len(moves[a])
+        step = self._transition_matrices()
+        n, w = step.shape[1], self.frozen.shape[1]
         runs = {1: step}  # runs[k]: (4**k, n, n), the transition matrix of every k-action sequence
         for k in range(2, min(actions_per_turn, max(budget, 1)) + 1):
             runs[k] = np.einsum("sij,ajk->saik", runs[k - 1], step).reshape(-1, n, n)
