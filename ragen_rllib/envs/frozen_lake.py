@@ -246,6 +246,8 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         """
         if turns < 0 or actions_per_turn < 1:
             raise ValueError(f"turns must be >= 0 and actions_per_turn >= 1, got {turns}, {actions_per_turn}")
+        if actions is not None and actions < 0:
+            raise ValueError(f"actions must be >= 0, or None for the actions left; got {actions}")
         budget = self.actions_left if actions is None else actions
         step = self._transition_matrices()
         n, w = step.shape[1], self.frozen.shape[1]
