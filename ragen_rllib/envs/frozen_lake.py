@@ -203,7 +203,7 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         either perpendicular move, 1/3 each; a move into the border stays). An upper bound for any
         policy that commits to several actions per turn. 1.0 on the goal, 0.0 in a hole.
         """
-        steps = self.actions_left if actions is None else actions
+        steps = self._action_budget(actions)
         step = self._transition_matrices()
         w = self.frozen.shape[1]
         value = np.zeros(step.shape[1])
@@ -211,6 +211,12 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         for _ in range(steps):
             value = (step @ value).max(axis=0)  # the goal and the holes are absorbing: they keep 1 and 0
         return float(value[self.pos[0] * w + self.pos[1]])
+
+    def _action_budget(self, actions: int | None) -> int:
+        """The move budget of both ceilings: ``actions`` (>= 0), or the actions left when None."""
+        if actions is not None and actions < 0:
+            raise ValueError(f"actions must be >= 0, or None for the actions left; got {actions}")
+        return self.actions_left if actions is None else actions
 
     def _transition_matrices(self) -> np.ndarray:
         """This lake's dynamics as float64 ``(len(ACTIONS), H*W, H*W)``: ``[a, i, j]`` is the probability
@@ -246,9 +252,7 @@ class FrozenLakeEnv(TextEnv[FrozenLakeConfig]):
         """
         if turns < 0 or actions_per_turn < 1:
             raise ValueError(f"turns must be >= 0 and actions_per_turn >= 1, got {turns}, {actions_per_turn}")
-        if actions is not None and actions < 0:
-            raise ValueError(f"actions must be >= 0, or None for the actions left; got {actions}")
-        budget = self.actions_left if actions is None else actions
+        budget = self._action_budget(actions)
         step = self._transition_matrices()
         n, w = step.shape[1], self.frozen.shape[1]
         runs = {1: step}  # runs[k]: (4**k, n, n), the transition matrix of every k-action sequence

@@ -234,6 +234,8 @@ def test_frozen_lake_best_success_probability_in_turns_by_hand() -> None:
         slip.best_success_probability_in_turns(3, 0)
     with pytest.raises(ValueError, match="actions must be >= 0, or None for the actions left; got -1"):
         slip.best_success_probability_in_turns(3, 5, actions=-1)
+    with pytest.raises(ValueError, match="actions must be >= 0, or None for the actions left; got -2"):
+        slip.best_success_probability(actions=-2)  # the twin ceiling shares the budget check
     for seed in range(123, 131):  # one action a turn with a turn per action is the closed loop
         env = make_env("frozen_lake")
         env.reset(seed=seed)
