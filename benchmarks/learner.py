@@ -9,6 +9,10 @@ optimizer step on it per repetition; medians over ``--reps`` after one warm-up r
    loss, grad clip, AdamW), as ``training_step`` runs them; the defaults: shared prefixes, old
    log-probs and values from the update's own forward.
 2. **ours, unshared**: the same with ``share_prefix`` off (every row forwards its own prompt).
+   **ours, no shared root**: shared prefixes, but each group forwards its whole prompt; by default
+   the groups' common start (``shared_root``: the instructions before the initial state) is
+   forwarded once. With ``--distinct-prompts`` the groups are chosen with pairwise different
+   first prompts (on the Bandit, both arm orders), where the root matters.
    **ours, rows unpacked**: shared prefixes, but ``pack_tokens=1``: every row continued from a
    prefix is a pack of its own, so the rows run as padded batches over a per-row copy of the
    prefix's keys/values (the learner before packing).
@@ -45,9 +49,11 @@ import torch
 from ragen_rllib.hardware import resolve_bf16
 
 
-def _demo_table(params: Any, groups: int, group_size: int) -> Any:
+def _demo_table(params: Any, groups: int, group_size: int, distinct: bool = False) -> Any:
     """Rows of ``groups`` x ``group_size`` demonstration rollouts (no engine: replies are the env's
-    random valid actions in the answer format), as the trajectory table the learner trains on."""
+    random valid actions in the answer format), as the trajectory table the learner trains on.
+    ``distinct``: initial states (seeds counted up from ``params.seed``) whose first prompts differ
+    pairwise."""
     from ragen_rllib.env_runners.engine import SamplingParams
     from ragen_rllib.env_runners.rollout_loop import RolloutLoop, RolloutSpec
     from ragen_rllib.envs.demos import make_demo_fn
@@ -67,7 +73,22 @@ def _demo_table(params: Any, groups: int, group_size: int) -> Any:
                                            max_actions_per_turn=params.max_actions_per_turn),
                        sampling=SamplingParams(max_new_tokens=params.response_length))
     loop = RolloutLoop(_Engine(), tok, spec)
-    res = loop.run([(g, params.seed + g) for g in range(groups)],
+    seeds = [params.seed + g for g in range(groups)]
+    if distinct:  # one sample per candidate state, its first prompt = its tokens before the reply
+        seeds, seen, s = [], set(), params.seed
+        while len(seeds) < groups and s < params.seed + 1000:
+            probe = RolloutLoop(_Engine(), tok, dataclasses.replace(spec, group_size=1)).run(
+                [(0, s)], demo_fn=make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn))
+            row = probe.rows[0]
+            prompt = tuple(row["token_ids"][:list(row["loss_mask"]).index(1)])
+            if prompt not in seen:
+                seen.add(prompt)
+                seeds.append(s)
+            s += 1
+        if len(seeds) < groups:
+            raise SystemExit(f"--distinct-prompts: only {len(seeds)} distinct first prompts in 1000 states "
+                             f"of {params.env}")
+    res = loop.run([(g, seed) for g, seed in enumerate(seeds)],
                    demo_fn=make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn))
     rng = np.random.default_rng(0)
     for r in res.rows:  # varied returns so that advantages are not all zero
@@ -126,6 +147,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2, help="kept groups (StarPO-S keeps 2 of 8 on the Bandit)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--distinct-prompts", action="store_true",
+                    help="groups with pairwise different first prompts (the Bandit: both arm orders)")
     ap.add_argument("--with-engine", action="store_true",
                     help="start the experiment's rollout engine in this process first (the in-process placement)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -151,19 +174,28 @@ def main() -> None:
     p = algo.config.starpo
     if args.with_engine:
         algo.env_runner.engine  # noqa: B018 -- builds the in-process engine (as a run's first sample does)
-    table = _demo_table(p, args.groups, args.group_size)
+    table = _demo_table(p, args.groups, args.group_size, args.distinct_prompts)
     lengths = [len(x) for x in table["token_ids"].to_pylist()]
+    from ragen_rllib.core.prefix import plan_shared_prefixes, shared_root
+    from ragen_rllib.trajectory import to_padded_tensors as _padded
+    from ragen_rllib.trajectory.schema import Col as _Col
+
+    pt = _padded(table)
+    plan, _ = plan_shared_prefixes(pt[_Col.TOKEN_IDS], pt["attention_mask"], pt[_Col.LOSS_MASK])
     print(f"batch: {table.num_rows} rows ({args.groups} groups x {args.group_size}), env {p.env}, "
-          f"{min(lengths)}-{max(lengths)} tokens per row, torch threads {torch.get_num_threads()}")
+          f"{min(lengths)}-{max(lengths)} tokens per row, torch threads {torch.get_num_threads()}; "
+          f"{len(plan)} shared prefixes of {[g.prefix_len for g in plan]} tokens, "
+          f"their shared root {shared_root(pt[_Col.TOKEN_IDS], plan)} tokens")
     learner = algo.learner_group._learner
     module = learner.module[next(iter(learner.module.keys()))]
     device = next(module.parameters()).device
     print(f"learner device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", backend {type(learner._backend).__name__}, bf16 autocast {module.bf16_autocast_on(device.type)}")
 
-    def ours(share: bool, reuse: bool, pack_tokens: int = p.pack_tokens) -> Callable[[], Any]:
+    def ours(share: bool, reuse: bool, pack_tokens: int = p.pack_tokens, root: bool = True) -> Callable[[], Any]:
         def step() -> None:
             module.share_prefix = share
+            module.share_root = root
             module.pack_tokens = pack_tokens
             algo.config._is_frozen = False
             algo.config.starpo = dataclasses.replace(p, reuse_update_forward=reuse)
@@ -174,6 +206,7 @@ def main() -> None:
 
     results = {"ours": _median_s(ours(True, True), args.reps, device),
                "ours, unshared": _median_s(ours(False, True), args.reps, device),
+               "ours, no shared root": _median_s(ours(True, True, root=False), args.reps, device),
                "ours, rows unpacked": _median_s(ours(True, True, pack_tokens=1), args.reps, device),
                "ours, separate old-logp pass": _median_s(ours(True, False), args.reps, device)}
     peak = {}
@@ -215,6 +248,8 @@ def main() -> None:
         print(f"peak GPU memory allocated, {k}: {v / 2**30:.2f} GiB")
     print(f"\nlearner / bare torch: {results['bare torch'] / results['ours']:.2f}x (goal >= 0.9)")
     print(f"prefix-shared vs unshared update: {results['ours, unshared'] / results['ours']:.2f}x faster")
+    print(f"groups' shared root forwarded once vs per group: {results['ours, no shared root'] / results['ours']:.2f}x "
+          "faster")
     print(f"rows packed (pack_tokens={p.pack_tokens}) vs unpacked: "
           f"{results['ours, rows unpacked'] / results['ours']:.2f}x faster")
     print(f"update forward reused vs separate old-logp pass: "

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["DEFAULT_CALL_COST", "DEFAULT_PACK_TOKENS", "PrefixGroup", "length_buckets", "pack_rows", "packed_mask",
-           "plan_shared_prefixes"]
+           "plan_shared_prefixes", "shared_root"]
 
 #: What one more forward/backward call costs, in padded tokens (per-layer launch overhead, the
 #: prefix KV copied for the batch). Chosen from a one-off measurement on a 2-core CPU with
@@ -91,6 +91,40 @@ def plan_shared_prefixes(token_ids: Tensor, attention_mask: Tensor, loss_mask: T
         groups.append(PrefixGroup(rows=sorted(rows), prefix_len=prefix_len))
     groups.sort(key=lambda g: g.rows[0])
     return groups, sorted(alone)
+
+
+def shared_root(token_ids: Tensor, groups: Sequence[PrefixGroup], min_root: int = 2) -> int:
+    """Tokens at the start of every group's prefix that all the groups share: the root is then
+    forwarded once, the rest of each group's prefix (its *tail*) continues from the root's cache,
+    all tails in one padded batch, and each group's rows from its own root + tail cache.
+
+    Different initial states share the system line and the instructions: the Bandit's two arm
+    orders share the first 148 of their 248 tokens, so a batch whose kept groups show both orders
+    computed 496 prefix tokens where 348 suffice.
+
+    Args:
+        token_ids: (B, T) int64, the batch ``groups`` were planned on.
+        groups: ``plan_shared_prefixes``'s groups.
+        min_root: shortest root worth a forward call of its own, in tokens.
+
+    Returns:
+        The root's length in tokens; 0 (no root) with fewer than 2 groups, a root shorter than
+        ``min_root``, or one that computes no fewer tokens: ``root + len(groups) * longest tail``
+        (the padded tails) must be below the sum of the prefixes. A root leaves every group at
+        least one token of tail.
+    """
+    if len(groups) < 2:
+        return 0
+    shortest = min(g.prefix_len for g in groups)
+    ids = token_ids.detach().cpu()[[g.rows[0] for g in groups], :shortest]  # (G, shortest)
+    same = (ids == ids[0]).all(0)  # (shortest,) columns where every group's prefix agrees
+    root = min(int(torch.cumprod(same.to(torch.int64), 0).sum()), shortest - 1)
+    if root < min_root:
+        return 0
+    longest_tail = max(g.prefix_len for g in groups) - root
+    if root + len(groups) * longest_tail >= sum(g.prefix_len for g in groups):
+        return 0
+    return root
 
 
 def length_buckets(lengths: Sequence[int], call_cost: int = DEFAULT_CALL_COST) -> list[list[int]]:

@@ -43,7 +43,7 @@ from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.annotations import override
 
 from ragen_rllib.core.prefix import (DEFAULT_CALL_COST, DEFAULT_PACK_TOKENS, PrefixGroup, length_buckets, pack_rows,
-                                     packed_mask, plan_shared_prefixes)
+                                     packed_mask, plan_shared_prefixes, shared_root)
 from ragen_rllib.lazy import LazyMapping
 
 POLICY_PREFIX = "lm."  # state-dict prefix of the policy's HF weights
@@ -56,7 +56,8 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
 
     ``model_config`` keys: ``model_path`` (local HF folder), ``critic_type`` (see the module
     docstring), ``bf16_autocast`` (bool, or ``"auto"``: on where the device computes bf16 natively),
-    ``share_prefix`` (bool, default True), ``temperature``
+    ``share_prefix`` (bool, default True), ``share_root`` (bool, default True: with shared prefixes,
+    the groups' common start too, ``shared_root``), ``temperature``
     (float > 0, default 1.0: the sampling temperature the training log-probs are taken at), ``seed``
     (value-head init), and for LoRA ``lora_rank``
     (int, 0 = off), ``lora_alpha`` (float), ``lora_dropout`` (float), ``lora_target_modules``
@@ -82,6 +83,7 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         # Resolved per forward from the inputs' device: the module is built on CPU and may move to a GPU.
         self._bf16_setting: bool | str = cfg.get("bf16_autocast", False)
         self.share_prefix = bool(cfg.get("share_prefix", True))
+        self.share_root = bool(cfg.get("share_root", True))
         # Most tokens of one pack (``pack_rows``) and padded tokens one more forward batch of packs is
         # worth (``length_buckets``); outputs are exact for any values.
         self.pack_tokens = int(cfg.get("pack_tokens", DEFAULT_PACK_TOKENS))
@@ -152,7 +154,9 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
         repeated once per pack, not per row. Short replies (the Bandit's 5 tokens) share one pack;
         long multi-turn rows are packs of their own, batched. The token embeddings are looked up
         once for the whole batch: one (vocab, hidden) embedding gradient per backward, not one per
-        forward call."""
+        forward call. Where the groups' prefixes start alike (``shared_root``: the instructions
+        before each initial state), that start is forwarded once and each group's prefix continues
+        from it, all groups' rests in one padded batch."""
         if plan is None or not (plan[0] or plan[1]):  # not sharing, or no rows at all
             return self._trunk(model, ids, attn)
         groups, alone = plan
@@ -190,13 +194,40 @@ class HFCausalLMModule(TorchRLModule, InferenceOnlyAPI):
                 pieces.append(h.reshape(-1, h.shape[-1]))
                 done += h.shape[0] * width
 
-        for g in groups:
-            pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len], attention_mask=attn[g.rows[:1], :g.prefix_len],
-                       use_cache=True)
-            pieces.append(pre.last_hidden_state[0])  # (P, H), shared by every row of the group
-            where[g.rows, :g.prefix_len] = torch.arange(done, done + g.prefix_len)
-            done += g.prefix_len
-            run(g.rows, g.prefix_len, pre.past_key_values)
+        root = shared_root(ids, groups) if self.share_root else 0
+        caches: list[Any] = []  # with a root: each group's root + tail cache, batch 1
+        if root:  # the groups' common start once, then every group's tail in one padded batch
+            r0 = groups[0].rows[0]
+            pre = base(inputs_embeds=emb[r0:r0 + 1, :root], attention_mask=attn[r0:r0 + 1, :root], use_cache=True)
+            pieces.append(pre.last_hidden_state[0])  # (root, H), shared by every row of every group
+            for g in groups:
+                where[g.rows, :root] = torch.arange(done, done + root)
+            done += root
+            tails = [g.prefix_len - root for g in groups]
+            width = max(tails)
+            xs = torch.stack([torch.nn.functional.pad(emb[g.rows[0], root:g.prefix_len], (0, 0, 0, width - t))
+                              for g, t in zip(groups, tails, strict=True)])  # (G, width, H)
+            # (G, 1, width, root + width): the root, then the group's own tail causally; padding sees itself
+            masks = torch.stack([packed_mask([t], root, width, dev) for t in tails])[:, None]
+            out = base(inputs_embeds=xs, attention_mask=masks,
+                       position_ids=torch.arange(root, root + width, device=dev).expand(len(groups), width),
+                       past_key_values=_repeated_cache(pre.past_key_values, len(groups)), use_cache=True)
+            for i, (g, t) in enumerate(zip(groups, tails, strict=True)):
+                pieces.append(out.last_hidden_state[i, :t])  # (tail, H)
+                where[g.rows, root:g.prefix_len] = torch.arange(done, done + t)
+                done += t
+                caches.append(_sliced_cache(out.past_key_values, i, g.prefix_len))
+        for i, g in enumerate(groups):
+            if root:
+                cache = caches[i]
+            else:
+                pre = base(inputs_embeds=emb[g.rows[:1], :g.prefix_len],
+                           attention_mask=attn[g.rows[:1], :g.prefix_len], use_cache=True)
+                pieces.append(pre.last_hidden_state[0])  # (P, H), shared by every row of the group
+                where[g.rows, :g.prefix_len] = torch.arange(done, done + g.prefix_len)
+                done += g.prefix_len
+                cache = pre.past_key_values
+            run(g.rows, g.prefix_len, cache)
         if alone:
             run(alone, 0, None)
         flat = torch.cat([*pieces, pieces[0].new_zeros(1, pieces[0].shape[-1])])  # (done + 1, H); last row: padding
@@ -352,6 +383,17 @@ def _repeated_cache(cache: Any, n: int) -> Any:
     out.layers = [copy.copy(layer) for layer in cache.layers]
     if n > 1:
         out.batch_repeat_interleave(n)
+    return out
+
+
+def _sliced_cache(cache: Any, row: int, length: int) -> Any:
+    """A copy of an HF ``Cache`` that holds batch row ``row``'s first ``length`` positions only
+    (differentiable views; the source cache is left as it was)."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in out.layers:
+        layer.keys = layer.keys[row:row + 1, :, :length]
+        layer.values = layer.values[row:row + 1, :, :length]
     return out
 
 

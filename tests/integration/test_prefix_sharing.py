@@ -28,16 +28,18 @@ def _module(model_dir, critic_type: str | None, **extra):
         "model_path": str(model_dir), "critic_type": critic_type, "seed": 0, **extra}).build()
 
 
-def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _multi_turn_batch(vocab: int, rooted: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """6 rows: group A (3 rows, prompt of 14 tokens; two rows with the same first reply), group B
-    (2 rows, prompt of 9), one row alone. Row = prompt, reply 1 (sampled), observation (not
-    sampled), reply 2 (sampled); right-padded."""
+    (2 rows, prompt of 9; ``rooted``: 13, its first 8 tokens those of A's), one row alone. Row =
+    prompt, reply 1 (sampled), observation (not sampled), reply 2 (sampled); right-padded."""
     g = torch.Generator().manual_seed(1)
 
     def toks(n: int) -> list[int]:
         return torch.randint(3, vocab, (n,), generator=g).tolist()
 
     prompt_a, prompt_b, same_reply = toks(14), toks(9), toks(4)
+    if rooted:
+        prompt_b = prompt_a[:8] + toks(5)
     spec = [(prompt_a, same_reply, 5, 3), (prompt_a, same_reply, 5, 6), (prompt_a, toks(3), 4, 2),
             (prompt_b, toks(6), 3, 4), (prompt_b, toks(2), 7, 5), (toks(11), toks(3), 4, 3)]
     rows, masks = [], []
@@ -56,22 +58,26 @@ def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("critic_type,pack_tokens,call_cost", [
-    ("value_head", 512, 64), ("separate", 512, 64), (None, 512, 64), ("value_head", 1, 64), ("separate", 1, 0),
-    ("value_head", 24, 64), ("value_head", 24, 0)])
+@pytest.mark.parametrize("critic_type,pack_tokens,call_cost,rooted", [
+    ("value_head", 512, 64, False), ("separate", 512, 64, False), (None, 512, 64, False), ("value_head", 1, 64, False),
+    ("separate", 1, 0, False), ("value_head", 24, 64, False), ("value_head", 24, 0, False),
+    ("value_head", 512, 64, True), ("separate", 1, 0, True), (None, 24, 64, True)])
 def test_shared_prefix_forward_and_gradients_equal_the_unshared_ones(tiny_model_dir, critic_type, pack_tokens,
-                                                                     call_cost, device) -> None:
+                                                                     call_cost, rooted, device) -> None:
     """pack_tokens 512: each prefix's rows packed into one sequence (and the lone row in one);
     1: one row a pack, group A's three packs in one padded batch (call cost 64) or in three forward
     calls continued from one prefix cache (0); 24: group A's rows in two packs (12 tokens, then
-    15 + 9), padded into one batch (64) or run apart (0)."""
-    from ragen_rllib.core.prefix import length_buckets, pack_rows, plan_shared_prefixes
+    15 + 9), padded into one batch (64) or run apart (0). ``rooted``: the two groups' prompts
+    start with the same 8 tokens, forwarded once (``shared_root``), then both groups' tails (6 and
+    5 tokens) in one padded batch."""
+    from ragen_rllib.core.prefix import length_buckets, pack_rows, plan_shared_prefixes, shared_root
 
     module = _module(tiny_model_dir, critic_type, pack_tokens=pack_tokens, bucket_call_cost=call_cost).to(device)
-    ids, attn, mask = (t.to(device) for t in _multi_turn_batch(module.lm.config.vocab_size))
+    ids, attn, mask = (t.to(device) for t in _multi_turn_batch(module.lm.config.vocab_size, rooted))
     groups, alone = plan_shared_prefixes(ids, attn, mask)
     assert [g.rows for g in groups] == [[0, 1, 2], [3, 4]] and alone == [5]
     assert groups[0].prefix_len == 14  # rows 0, 1 share more, row 2 only the prompt
+    assert shared_root(ids, groups) == (8 if rooted else 0)
     suffixes = [int(attn[r].sum()) - groups[0].prefix_len for r in groups[0].rows]
     packs = pack_rows(suffixes, pack_tokens)
     assert len(packs) == {512: 1, 1: 3, 24: 2}[pack_tokens]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragen_rllib.core.prefix import PrefixGroup, plan_shared_prefixes
+from ragen_rllib.core.prefix import PrefixGroup, plan_shared_prefixes, shared_root
 
 
 def _batch(rows: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,3 +124,30 @@ def test_packed_mask_hand_computed() -> None:
     ]
     with pytest.raises(ValueError, match="width 1 < the 2 packed tokens"):
         packed_mask([1, 1], width=1)
+
+
+def test_shared_root_hand_computed() -> None:
+    # Two groups, prompts 1 2 3 4 5 6 | 7 and 1 2 3 4 5 8 | 9: they agree on 1 2 3 4 5 (the root).
+    ids, attn, mask = _batch([([1, 2, 3, 4, 5, 6, 7, 20], 7), ([1, 2, 3, 4, 5, 6, 7, 21], 7),
+                              ([1, 2, 3, 4, 5, 8, 9, 22], 7), ([1, 2, 3, 4, 5, 8, 9, 23], 7)])
+    groups, _ = plan_shared_prefixes(ids, attn, mask)
+    assert [(g.rows, g.prefix_len) for g in groups] == [([0, 1], 7), ([2, 3], 7)]
+    # root 5 + 2 tails of 2 = 9 tokens, against 14 for the two prefixes
+    assert shared_root(ids, groups) == 5
+    assert shared_root(ids, groups, min_root=6) == 0  # too short a root to be worth its own call
+    assert shared_root(ids, groups[:1]) == 0  # one group: nothing to share with
+
+
+def test_shared_root_leaves_each_group_a_tail_and_must_save_tokens() -> None:
+    # Group A's prompt 1 2 3 is the start of group B's 1 2 3 4 5 6 7 8 9: the root is cut to 2 so
+    # that A keeps one token of its own, and 2 + 2 * 7 = 16 >= 3 + 9 = 12 saves nothing: no root.
+    ids, attn, mask = _batch([([1, 2, 3, 10], 3), ([1, 2, 3, 11], 3),
+                              ([1, 2, 3, 4, 5, 6, 7, 8, 9, 12], 9), ([1, 2, 3, 4, 5, 6, 7, 8, 9, 13], 9)])
+    groups, _ = plan_shared_prefixes(ids, attn, mask)
+    assert [g.prefix_len for g in groups] == [3, 9]
+    assert shared_root(ids, groups) == 0
+    # With prompts of equal length the same start pays: 1 2 3 x y against 1 2 3 u v.
+    ids, attn, mask = _batch([([1, 2, 3, 4, 5, 10], 5), ([1, 2, 3, 4, 5, 11], 5),
+                              ([1, 2, 3, 6, 7, 12], 5), ([1, 2, 3, 6, 7, 13], 5)])
+    groups, _ = plan_shared_prefixes(ids, attn, mask)
+    assert shared_root(ids, groups) == 3  # 3 + 2 * 2 = 7 < 10
