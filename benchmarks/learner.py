@@ -73,13 +73,13 @@ def _demo_table(params: Any, groups: int, group_size: int, distinct: bool = Fals
                                            max_actions_per_turn=params.max_actions_per_turn),
                        sampling=SamplingParams(max_new_tokens=params.response_length))
     loop = RolloutLoop(_Engine(), tok, spec)
+    demo_fn = make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn)
     seeds = [params.seed + g for g in range(groups)]
     if distinct:  # one sample per candidate state, its first prompt = its tokens before the reply
+        probe_loop = RolloutLoop(_Engine(), tok, dataclasses.replace(spec, group_size=1))
         seeds, seen, s = [], set(), params.seed
         while len(seeds) < groups and s < params.seed + 1000:
-            probe = RolloutLoop(_Engine(), tok, dataclasses.replace(spec, group_size=1)).run(
-                [(0, s)], demo_fn=make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn))
-            row = probe.rows[0]
+            row = probe_loop.run([(0, s)], demo_fn=demo_fn).rows[0]
             prompt = tuple(row["token_ids"][:list(row["loss_mask"]).index(1)])
             if prompt not in seen:
                 seen.add(prompt)
@@ -88,8 +88,7 @@ def _demo_table(params: Any, groups: int, group_size: int, distinct: bool = Fals
         if len(seeds) < groups:
             raise SystemExit(f"--distinct-prompts: only {len(seeds)} distinct first prompts in 1000 states "
                              f"of {params.env}")
-    res = loop.run([(g, seed) for g, seed in enumerate(seeds)],
-                   demo_fn=make_demo_fn("random-valid", 0, params.enable_think, params.max_actions_per_turn))
+    res = loop.run([(g, seed) for g, seed in enumerate(seeds)], demo_fn=demo_fn)
     rng = np.random.default_rng(0)
     for r in res.rows:  # varied returns so that advantages are not all zero
         r["turn_rewards"] = [float(x) for x in rng.choice([0.0, 0.1, 1.0], size=len(r["turn_rewards"]))]
@@ -177,15 +176,15 @@ def main() -> None:
     table = _demo_table(p, args.groups, args.group_size, args.distinct_prompts)
     lengths = [len(x) for x in table["token_ids"].to_pylist()]
     from ragen_rllib.core.prefix import plan_shared_prefixes, shared_root
-    from ragen_rllib.trajectory import to_padded_tensors as _padded
-    from ragen_rllib.trajectory.schema import Col as _Col
+    from ragen_rllib.trajectory import to_padded_tensors
+    from ragen_rllib.trajectory.schema import Col
 
-    pt = _padded(table)
-    plan, _ = plan_shared_prefixes(pt[_Col.TOKEN_IDS], pt["attention_mask"], pt[_Col.LOSS_MASK])
+    tt = to_padded_tensors(table)  # also the bare loop's batch, below
+    plan, _ = plan_shared_prefixes(tt[Col.TOKEN_IDS], tt["attention_mask"], tt[Col.LOSS_MASK])
     print(f"batch: {table.num_rows} rows ({args.groups} groups x {args.group_size}), env {p.env}, "
           f"{min(lengths)}-{max(lengths)} tokens per row, torch threads {torch.get_num_threads()}; "
           f"{len(plan)} shared prefixes of {[g.prefix_len for g in plan]} tokens, "
-          f"their shared root {shared_root(pt[_Col.TOKEN_IDS], plan)} tokens")
+          f"their shared root {shared_root(tt[Col.TOKEN_IDS], plan)} tokens")
     learner = algo.learner_group._learner
     module = learner.module[next(iter(learner.module.keys()))]
     device = next(module.parameters()).device
@@ -218,9 +217,6 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from ragen_rllib.trajectory import to_padded_tensors
-    from ragen_rllib.trajectory.schema import Col
-
     model = AutoModelForCausalLM.from_pretrained(resolve_model(p.model), dtype=torch.float32,
                                                  local_files_only=True).to(device)
     head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
@@ -228,7 +224,6 @@ def main() -> None:
     # the same fused AdamW as the learner, so the ratio measures the learner, not the optimizer kernel
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=p.actor_lr, weight_decay=p.weight_decay,
                             fused=True)
-    tt = to_padded_tensors(table)
     mask = tt[Col.LOSS_MASK].float()
     g = torch.Generator().manual_seed(0)
     t = {"ids": tt[Col.TOKEN_IDS], "attn": tt["attention_mask"], "mask": mask,
