@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-echo-trap-seeds reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-echo-trap-seeds reproduce-echo-trap-seeds-more reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 # A target that starts from another run's policy stops with one line when that policy is missing:
 # $(call need_policy,VARIABLE,command that makes it)
@@ -339,6 +339,10 @@ reproduce-echo-trap: model
 # The same sweep in ten more seeds (10003-10012; ~60 min): fall counts over 13 seeds per preset.
 reproduce-echo-trap-seeds: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit_seeds.yaml
+
+# Ten further seeds (10013-10022; ~70 min): fall counts over 23 seeds per preset.
+reproduce-echo-trap-seeds-more: model
+	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit_seeds_more.yaml
 
 # Filter-ratio ablation on the Bandit: keep 25 / 50 / 100 % of groups, 3 seeds each.
 reproduce-filter-ratio: model
