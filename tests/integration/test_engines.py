@@ -512,6 +512,46 @@ def test_vllm_cpu_prompt_longer_than_the_default_step_budget(tiny_dir: Path, vll
 
 
 @pytest.mark.vllm
+def test_vllm_cpu_16_token_blocks_match_32(tiny_dir: Path, vllm_slot: _VLLMSlot, hf_tiny) -> None:
+    """16-token KV blocks (the CPU default on x86 without AMX, ``allow_cpu_block_16``) serve a group
+    of identical prompts (children sharing the prompt's full blocks) and prompts of other lengths
+    with the same greedy replies as 32-token blocks and raw log-probs that match the HF forward."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU KV blocks only")
+    prompt = [(13 * j) % 1000 + 10 for j in range(41)]  # 2 full 16-token blocks + 9; 1 full 32 + 9
+    prompts = [prompt] * 6 + TINY_PROMPTS
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    out = {}
+    for block in (32, 16):
+        vllm_slot.close()
+        engine = vllm_slot.get(tiny_dir, max_model_len=512, dtype="float32", block_size=block)
+        assert engine._llm.llm_engine.vllm_config.cache_config.block_size == block
+        out[block] = engine.generate(prompts, greedy), engine.generate(prompts, sampled)
+    vllm_slot.close()
+    for p, a, b in zip(prompts, out[32][0], out[16][0], strict=True):
+        assert_same_greedy(hf_tiny.model, p, a.token_ids, b.token_ids)
+    for gens in out[16]:
+        assert float(logprob_diffs(hf_tiny.model, prompts, gens).max()) < VLLM_LOGPROB_MAX_ATOL
+    assert len({tuple(g.token_ids) for g in out[16][1][:6]}) > 1  # the children sampled apart
+
+
+def test_cpu_block_size_is_16_on_x86_without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    import torch
+
+    from ragen_rllib.env_runners import vllm_engine as ve
+
+    for machine, amx, expected in (("x86_64", False, 16), ("x86_64", True, 32), ("aarch64", False, 32)):
+        monkeypatch.setattr(platform, "machine", lambda m=machine: m)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
+        assert ve.cpu_block_size() == expected, (machine, amx)
+
+
+@pytest.mark.vllm
 def test_vllm_identical_prompts_share_one_request(vllm_tiny, hf_tiny) -> None:
     """N identical prompts (a group's first turn) are one vLLM request with n samples: results stay
     per prompt, in order, raw log-probs still match HF, and samples differ at temperature 1."""
