@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-echo-trap-seeds reproduce-echo-trap-seeds-more reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
+.PHONY: reproduce-baselines reproduce-bandit reproduce-frozen-lake reproduce-echo-trap reproduce-echo-trap-seeds reproduce-echo-trap-seeds-more reproduce-echo-trap-format reproduce-filter-ratio reproduce-frozen-lake-echo-trap reproduce-expert-sft-rl reproduce-frozen-lake-8x8 reproduce-frozen-lake-guided reproduce-frozen-lake-guided-rl reproduce-frozen-lake-rl reproduce-frozen-lake-curriculum reproduce-frozen-lake-sft reproduce-frozen-lake-sft-rl reproduce-frozen-lake-spaced-rl reproduce-frozen-lake-guided-sft reproduce-frozen-lake-guided-sft-rl reproduce-sokoban-sft reproduce-sokoban-sft-rl reproduce-sokoban-sft120-rl reproduce-sokoban-rl reproduce-filter-top-p reproduce-think reproduce-frozen-lake-guided-think setup run rollout prompts test lint test-unit test-all bench bench-learner bench-iteration bench-envs bench-rollout bench-bf16 model clean
 
 # A target that starts from another run's policy stops with one line when that policy is missing:
 # $(call need_policy,VARIABLE,command that makes it)
@@ -343,6 +343,10 @@ reproduce-echo-trap-seeds: model
 # Ten further seeds (10013-10022; ~70 min): fall counts over 23 seeds per preset.
 reproduce-echo-trap-seeds-more: model
 	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit_seeds_more.yaml
+
+# The same sweep in twenty new seeds (10023-10042), for the format-collapse prediction (docs/results.md).
+reproduce-echo-trap-format: model
+	@$(PY) -m ragen_rllib.cli sweep --config experiments/sweeps/echo_trap_bandit_format.yaml
 
 # Filter-ratio ablation on the Bandit: keep 25 / 50 / 100 % of groups, 3 seeds each.
 reproduce-filter-ratio: model
