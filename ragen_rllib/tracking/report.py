@@ -196,6 +196,35 @@ def mcnemar_exact(gains: int, losses: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
+def fisher_exact(a: int, n_a: int, b: int, n_b: int) -> float:
+    """Two-sided Fisher's exact test of two independent proportions, ``a / n_a`` against ``b / n_b``.
+
+    With the margins fixed, the count in the first group is hypergeometric; ``p`` sums the
+    probabilities of every table no more likely than the observed one (relative tolerance 1e-7,
+    as R's ``fisher.test``).
+
+    Args:
+        a: events in the first group (0 <= a <= n_a).
+        n_a: size of the first group (>= 0).
+        b: events in the second group (0 <= b <= n_b).
+        n_b: size of the second group (>= 0).
+
+    Returns:
+        The p-value in (0, 1]; 1.0 when a margin is 0.
+
+    Raises:
+        ValueError: a count is negative or larger than its group.
+    """
+    if not (0 <= a <= n_a and 0 <= b <= n_b):
+        raise ValueError(f"need 0 <= a <= n_a and 0 <= b <= n_b, got a={a}, n_a={n_a}, b={b}, n_b={n_b}")
+    events, n = a + b, n_a + n_b
+    lo, hi = max(0, events - n_b), min(events, n_a)
+    total = math.comb(n, events)
+    probs = {k: math.comb(n_a, k) * math.comb(n_b, events - k) / total for k in range(lo, hi + 1)}
+    cut = probs[a] * (1 + 1e-7)
+    return min(1.0, sum(q for q in probs.values() if q <= cut))
+
+
 @dataclass(frozen=True)
 class PairedComparison:
     """Two validations compared on the rollouts they share (same initial state, same sample index).

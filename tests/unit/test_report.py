@@ -188,6 +188,20 @@ def test_report_module_is_import_light() -> None:
     assert not mods & {"ray", "vllm", "mlflow", "torch", "transformers"}, mods & {"ray", "vllm", "mlflow", "torch"}
 
 
+def test_fisher_exact_hand_computed() -> None:
+    # 5 / 20 against 0 / 20: tables with 0 or 5 events in the first group are the extremes;
+    # P[k=5] = C(20,5) C(20,0) / C(40,5) = 15504 / 658008, doubled by symmetry.
+    assert R.fisher_exact(5, 20, 0, 20) == pytest.approx(2 * 15504 / 658008)
+    assert R.fisher_exact(0, 20, 5, 20) == R.fisher_exact(5, 20, 0, 20)
+    # 1 / 2 against 1 / 2: the only other tables are as likely or likelier.
+    assert R.fisher_exact(1, 2, 1, 2) == pytest.approx(1.0)
+    # 3 / 3 against 0 / 3: P = 1 / C(6,3) = 0.05 each side.
+    assert R.fisher_exact(3, 3, 0, 3) == pytest.approx(0.1)
+    assert R.fisher_exact(0, 0, 0, 4) == 1.0 and R.fisher_exact(0, 5, 0, 5) == 1.0
+    with pytest.raises(ValueError, match="a=3, n_a=2"):
+        R.fisher_exact(3, 2, 0, 2)
+
+
 def test_mcnemar_exact_hand_computed() -> None:
     assert R.mcnemar_exact(0, 0) == 1.0
     assert R.mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * P[B(5, .5) = 0]
