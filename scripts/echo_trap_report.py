@@ -76,11 +76,12 @@ def main(roots: list[str]) -> int:
     if not roots:
         print("usage: echo_trap_report.py runs/tune/<sweep name> [...]", file=sys.stderr)
         return 2
+    missing = next((root for root in roots if not os.path.isdir(root)), None)
+    if missing is not None:  # before any output, so a typo in the last folder prints no partial tally
+        print(f"error: no sweep folder {missing}", file=sys.stderr)
+        return 2
     tally: dict[str, dict[str, list[str]]] = {}
     for root in roots:
-        if not os.path.isdir(root):
-            print(f"error: no sweep folder {root}", file=sys.stderr)
-            return 2
         for d in sorted(glob.glob(f"{root}/StarPOTrainable_*")):
             report(d, tally)
     print(f"== per preset, over {len(roots)} sweep(s)")

@@ -63,4 +63,6 @@ def test_a_trial_still_in_its_warm_up_and_a_missing_sweep(tmp_path: Path) -> Non
     assert p.returncode == 0 and "no result.json yet" in p.stdout.splitlines()[0]
     p = _run(str(tmp_path / "nope"))
     assert p.returncode == 2 and p.stderr.strip() == f"error: no sweep folder {tmp_path / 'nope'}"
+    p = _run(str(sweep), str(tmp_path / "nope"))  # a good folder first: still no partial output
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.strip() == f"error: no sweep folder {tmp_path / 'nope'}"
     assert _run().returncode == 2
